@@ -1,0 +1,51 @@
+"""The batch plan: micro-batch x gradient accumulation x world size = effective batch."""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from .config import Config, ConfigError
+
+
+@dataclass(frozen=True)
+class BatchPlan:
+    micro: int
+    accum: int
+    world: int
+
+    @property
+    def effective(self) -> int:
+        return self.micro * self.accum * self.world
+
+    def describe(self, seq_len: int) -> str:
+        return (f"batch plan: micro {self.micro} × accum {self.accum} × {self.world} "
+                f"{'device' if self.world == 1 else 'devices'} = {self.effective} sequences "
+                f"({self.effective * seq_len:,} tokens) per step")
+
+
+def nearest_valid_targets(target: int, divisor: int) -> list[int]:
+    lo = target // divisor * divisor
+    return sorted({v for v in (lo, lo + divisor) if v > 0})
+
+
+def manual_plan(cfg: Config, world: int) -> BatchPlan:
+    """Plan from batch_size, gradient_accumulation_steps and target_effective_batch_size as
+    written; anything inconsistent is an error, never a silent adjustment."""
+    micro, accum, target = cfg.batch_size, cfg.gradient_accumulation_steps, \
+        cfg.target_effective_batch_size
+    src = cfg.source
+    if target is None:
+        return BatchPlan(micro, accum or 1, world)
+    per_step = micro * world
+    if accum is None:
+        if target % per_step:
+            near = nearest_valid_targets(target, per_step)
+            raise ConfigError(
+                f"{src}: key 'target_effective_batch_size' ({target}) is not a multiple of "
+                f"batch_size × world size = {micro} × {world} = {per_step}; nearest valid: "
+                f"{' or '.join(map(str, near))}")
+        return BatchPlan(micro, target // per_step, world)
+    if micro * accum * world != target:
+        raise ConfigError(
+            f"{src}: batch_size × gradient_accumulation_steps × world size = {micro} × {accum} "
+            f"× {world} = {micro * accum * world}, but target_effective_batch_size is {target}")
+    return BatchPlan(micro, accum, world)

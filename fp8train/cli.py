@@ -1,0 +1,39 @@
+"""Command-line entry: parse and validate the config (no torch import), then train.
+
+Exit codes: 0 done, 2 bad config or input (one line on stderr), 3 stopped by a signal after a
+checkpoint, 1 anything else.
+"""
+from __future__ import annotations
+
+import os
+import sys
+
+from .config import ConfigError, HelpRequested, help_text, load_config
+
+EXIT_OK, EXIT_ERROR, EXIT_BAD_INPUT, EXIT_STOPPED = 0, 1, 2, 3
+
+
+def _is_rank0() -> bool:
+    return os.environ.get("RANK", "0") == "0"
+
+
+def main(argv: list[str] | None = None) -> int:
+    argv = sys.argv[1:] if argv is None else argv
+    try:
+        cfg = load_config(argv)
+    except HelpRequested:
+        print(help_text())
+        return EXIT_OK
+    except ConfigError as e:
+        if _is_rank0():
+            print(f"error: {e}", file=sys.stderr)
+        return EXIT_BAD_INPUT
+    # Must be set before torch initialises CUDA: fewer fragmentation OOMs on long runs.
+    os.environ.setdefault("PYTORCH_CUDA_ALLOC_CONF", "expandable_segments:True")
+    from .trainer import train  # heavy imports only once the config is known to be good
+    try:
+        return train(cfg)
+    except ConfigError as e:
+        if _is_rank0():
+            print(f"error: {e}", file=sys.stderr)
+        return EXIT_BAD_INPUT

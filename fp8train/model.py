@@ -1,0 +1,232 @@
+"""GPT-style decoder-only transformers: the GPT-2 family (LayerNorm, GELU, learned positions)
+and the Llama family (RMSNorm, SwiGLU, RoPE, grouped-query attention, no biases).
+
+A plain nn.Module: precision (bf16/FP8), compile and distribution are applied from outside.
+"""
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, replace
+from typing import Optional
+
+import torch
+import torch.nn as nn
+import torch.nn.functional as F
+from torch.utils.checkpoint import checkpoint
+
+
+@dataclass(frozen=True)
+class ModelConfig:
+    arch: str                 # "gpt2" | "llama"
+    n_layer: int
+    n_head: int
+    n_embd: int
+    ffn_hidden_size: int
+    vocab_size: int           # real vocabulary; the embedding is padded (see padded_vocab_size)
+    block_size: int           # context length
+    n_kv_head: Optional[int] = None
+    tie_embeddings: bool = True
+    rope_theta: float = 10000.0
+    norm_eps: float = 1e-5
+    dropout: float = 0.0
+    pad_vocab_multiple: int = 128
+
+    @property
+    def kv_heads(self) -> int:
+        return self.n_kv_head or self.n_head
+
+    @property
+    def head_dim(self) -> int:
+        return self.n_embd // self.n_head
+
+    @property
+    def padded_vocab_size(self) -> int:
+        m = self.pad_vocab_multiple
+        return (self.vocab_size + m - 1) // m * m
+
+
+def _llama_ffn(d: int, multiple_of: int = 256) -> int:
+    """Llama's SwiGLU width: 2/3 of 4d (same parameters as a 4d GELU MLP), rounded up."""
+    h = int(2 * 4 * d / 3)
+    return (h + multiple_of - 1) // multiple_of * multiple_of
+
+
+# Published shapes. vocab_size and block_size come from the tokenizer and seq_len at run time.
+PRESETS = {
+    # GPT-2 small / medium (Radford et al. 2019): 124M and 350M with tied embeddings.
+    "gpt2-124m": dict(arch="gpt2", n_layer=12, n_head=12, n_embd=768, ffn_hidden_size=3072),
+    "gpt2-350m": dict(arch="gpt2", n_layer=24, n_head=16, n_embd=1024, ffn_hidden_size=4096),
+    # Llama-style 350M: 24 layers, 1024 wide, 16 heads of 64.
+    "llama-350m": dict(arch="llama", n_layer=24, n_head=16, n_embd=1024,
+                       ffn_hidden_size=_llama_ffn(1024)),
+    # Llama 3.2 1B: 16 layers, 2048 wide, 32 heads, 8 KV heads, 8192 SwiGLU, tied embeddings.
+    "llama-1b": dict(arch="llama", n_layer=16, n_head=32, n_kv_head=8, n_embd=2048,
+                     ffn_hidden_size=8192, rope_theta=500000.0),
+    # Small enough for CPU tests and the demo run.
+    "tiny": dict(arch="gpt2", n_layer=4, n_head=4, n_embd=128, ffn_hidden_size=512),
+    "tiny-llama": dict(arch="llama", n_layer=4, n_head=4, n_kv_head=2, n_embd=128,
+                       ffn_hidden_size=384),
+}
+
+
+def model_config_from(preset: str, vocab_size: int, block_size: int, **overrides) -> ModelConfig:
+    """The preset's shape with any non-None override applied. A changed width gets the
+    family's default MLP width unless that is overridden too."""
+    base = dict(PRESETS[preset])
+    overrides = {k: v for k, v in overrides.items() if v is not None}
+    if "n_embd" in overrides and "ffn_hidden_size" not in overrides:
+        d = overrides["n_embd"]
+        base["ffn_hidden_size"] = 4 * d if base["arch"] == "gpt2" else _llama_ffn(d)
+    base.update(overrides)
+    cfg = ModelConfig(vocab_size=vocab_size, block_size=block_size, **base)
+    if cfg.n_embd % cfg.n_head:
+        raise ValueError(f"n_embd {cfg.n_embd} is not divisible by n_head {cfg.n_head}")
+    if cfg.n_head % cfg.kv_heads:
+        raise ValueError(f"n_head {cfg.n_head} is not divisible by n_kv_head {cfg.kv_heads}")
+    if cfg.arch == "llama" and cfg.head_dim % 2:
+        raise ValueError(f"RoPE needs an even head dim, got {cfg.head_dim}")
+    return cfg
+
+
+class RotaryEmbedding(nn.Module):
+    def __init__(self, head_dim: int, max_len: int, theta: float):
+        super().__init__()
+        inv_freq = 1.0 / theta ** (torch.arange(0, head_dim, 2, dtype=torch.float32) / head_dim)
+        angles = torch.outer(torch.arange(max_len, dtype=torch.float32), inv_freq)
+        angles = torch.cat([angles, angles], dim=-1)  # rotate-half layout
+        # Not persistent: recomputed at init, so checkpoints don't depend on it.
+        self.register_buffer("cos", angles.cos(), persistent=False)
+        self.register_buffer("sin", angles.sin(), persistent=False)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:  # x: (B, H, T, hd)
+        T = x.size(-2)
+        cos, sin = self.cos[:T].to(x.dtype), self.sin[:T].to(x.dtype)
+        x1, x2 = x.chunk(2, dim=-1)
+        return x * cos + torch.cat([-x2, x1], dim=-1) * sin
+
+
+class Attention(nn.Module):
+    def __init__(self, cfg: ModelConfig):
+        super().__init__()
+        self.n_head, self.kv_heads, self.head_dim = cfg.n_head, cfg.kv_heads, cfg.head_dim
+        bias = cfg.arch == "gpt2"
+        # One fused projection for q, k and v: one large GEMM instead of three.
+        self.qkv = nn.Linear(cfg.n_embd, (cfg.n_head + 2 * cfg.kv_heads) * cfg.head_dim,
+                             bias=bias)
+        self.proj = nn.Linear(cfg.n_embd, cfg.n_embd, bias=bias)
+        self.rope = (RotaryEmbedding(cfg.head_dim, cfg.block_size, cfg.rope_theta)
+                     if cfg.arch == "llama" else None)
+        self.dropout = cfg.dropout
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        B, T, C = x.shape
+        q, k, v = self.qkv(x).split(
+            [self.n_head * self.head_dim, self.kv_heads * self.head_dim,
+             self.kv_heads * self.head_dim], dim=-1)
+        q = q.view(B, T, self.n_head, self.head_dim).transpose(1, 2)
+        k = k.view(B, T, self.kv_heads, self.head_dim).transpose(1, 2)
+        v = v.view(B, T, self.kv_heads, self.head_dim).transpose(1, 2)
+        if self.rope is not None:
+            q, k = self.rope(q), self.rope(k)
+        y = F.scaled_dot_product_attention(
+            q, k, v, is_causal=True, dropout_p=self.dropout if self.training else 0.0,
+            enable_gqa=self.kv_heads != self.n_head)
+        return self.proj(y.transpose(1, 2).reshape(B, T, C))
+
+
+class MLP(nn.Module):
+    def __init__(self, cfg: ModelConfig):
+        super().__init__()
+        self.swiglu = cfg.arch == "llama"
+        bias = not self.swiglu
+        # SwiGLU's gate and up projections fused into one GEMM.
+        width = 2 * cfg.ffn_hidden_size if self.swiglu else cfg.ffn_hidden_size
+        self.fc = nn.Linear(cfg.n_embd, width, bias=bias)
+        self.proj = nn.Linear(cfg.ffn_hidden_size, cfg.n_embd, bias=bias)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        h = self.fc(x)
+        if self.swiglu:
+            gate, up = h.chunk(2, dim=-1)
+            h = F.silu(gate) * up
+        else:
+            h = F.gelu(h, approximate="tanh")  # GPT-2's GELU
+        return self.proj(h)
+
+
+class Block(nn.Module):
+    def __init__(self, cfg: ModelConfig):
+        super().__init__()
+        norm = (lambda: nn.LayerNorm(cfg.n_embd, eps=cfg.norm_eps)) if cfg.arch == "gpt2" \
+            else (lambda: nn.RMSNorm(cfg.n_embd, eps=cfg.norm_eps))
+        self.norm1, self.attn = norm(), Attention(cfg)
+        self.norm2, self.mlp = norm(), MLP(cfg)
+        self.drop = nn.Dropout(cfg.dropout)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        x = x + self.drop(self.attn(self.norm1(x)))
+        return x + self.drop(self.mlp(self.norm2(x)))
+
+
+class GPT(nn.Module):
+    def __init__(self, cfg: ModelConfig):
+        super().__init__()
+        self.cfg = cfg
+        V = cfg.padded_vocab_size
+        self.wte = nn.Embedding(V, cfg.n_embd)
+        self.wpe = nn.Embedding(cfg.block_size, cfg.n_embd) if cfg.arch == "gpt2" else None
+        self.drop = nn.Dropout(cfg.dropout)
+        self.blocks = nn.ModuleList(Block(cfg) for _ in range(cfg.n_layer))
+        self.norm_f = (nn.LayerNorm(cfg.n_embd, eps=cfg.norm_eps) if cfg.arch == "gpt2"
+                       else nn.RMSNorm(cfg.n_embd, eps=cfg.norm_eps))
+        # A tied head reuses wte.weight in forward instead of sharing a Parameter, so the
+        # state dict holds no aliased tensors (safetensors refuses those).
+        self.lm_head = None if cfg.tie_embeddings else nn.Linear(cfg.n_embd, V, bias=False)
+        self.activation_checkpointing = False
+        self.apply(self._init_weights)
+        # GPT-2: scale the residual projections by 1/sqrt(2 * n_layer) so the residual stream's
+        # variance does not grow with depth.
+        for block in self.blocks:
+            for p in (block.attn.proj.weight, block.mlp.proj.weight):
+                nn.init.normal_(p, mean=0.0, std=0.02 / math.sqrt(2 * cfg.n_layer))
+
+    @staticmethod
+    def _init_weights(m: nn.Module) -> None:
+        if isinstance(m, (nn.Linear, nn.Embedding)):
+            nn.init.normal_(m.weight, mean=0.0, std=0.02)
+        if isinstance(m, nn.Linear) and m.bias is not None:
+            nn.init.zeros_(m.bias)
+
+    def forward(self, idx: torch.Tensor) -> torch.Tensor:
+        """Token ids (B, T) -> logits (B, T, padded vocab)."""
+        x = self.wte(idx)
+        if self.wpe is not None:
+            x = x + self.wpe(torch.arange(idx.size(1), device=idx.device))
+        x = self.drop(x)
+        for block in self.blocks:
+            if self.activation_checkpointing and self.training:
+                x = checkpoint(block, x, use_reentrant=False)
+            else:
+                x = block(x)
+        x = self.norm_f(x)
+        head = self.wte.weight if self.lm_head is None else self.lm_head.weight
+        return F.linear(x, head)
+
+    def num_params(self, exclude_embeddings: bool = False) -> int:
+        n = sum(p.numel() for p in self.parameters())
+        if exclude_embeddings:
+            n -= self.wte.weight.numel()
+            if self.wpe is not None:
+                n -= self.wpe.weight.numel()
+        return n
+
+    def flops_per_token(self) -> float:
+        """Training FLOPs per token: 6 per matmul weight (forward 2, backward 4) plus the
+        attention scores and values, 12 * n_layer * n_embd * T (PaLM, appendix B). Embedding
+        lookups are free; a tied head is a real matmul and counts."""
+        c = self.cfg
+        matmul_params = sum(p.numel() for n, p in self.named_parameters()
+                            if p.dim() == 2 and not n.startswith(("wte.", "wpe.")))
+        if self.lm_head is None:
+            matmul_params += self.wte.weight.numel()
+        return 6.0 * matmul_params + 12.0 * c.n_layer * c.n_embd * c.block_size

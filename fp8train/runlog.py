@@ -1,0 +1,39 @@
+"""Rank-0 console output mirrored into <output_dir>/train.log."""
+from __future__ import annotations
+
+import os
+import sys
+import time
+
+
+class RunLog:
+    def __init__(self, is_main: bool):
+        self.is_main = is_main
+        self._file = None
+
+    def open(self, path: str) -> None:
+        if self.is_main:
+            os.makedirs(os.path.dirname(path) or ".", exist_ok=True)
+            self._file = open(path, "a", buffering=1, encoding="utf-8")
+
+    def _write_file(self, msg: str) -> None:
+        if self._file is not None:
+            self._file.write(f"{time.strftime('%Y-%m-%d %H:%M:%S')} {msg}\n")
+
+    def info(self, msg: str) -> None:
+        if self.is_main:
+            print(msg, flush=True)
+            self._write_file(msg)
+
+    def warn(self, msg: str) -> None:
+        if self.is_main:
+            print(f"WARNING: {msg}", file=sys.stderr, flush=True)
+            self._write_file(f"WARNING: {msg}")
+
+    def file_only(self, msg: str) -> None:
+        self._write_file(msg)
+
+    def close(self) -> None:
+        if self._file is not None:
+            self._file.close()
+            self._file = None

@@ -1,0 +1,349 @@
+"""The training loop on Accelerate: build everything once, then a short hot loop."""
+from __future__ import annotations
+
+import math
+import os
+import sys
+import time
+from dataclasses import dataclass
+
+import torch
+
+from . import config as config_mod
+from .batching import BatchPlan, manual_plan
+from .checkpoint import CheckpointManager, TrainState, resolve_resume
+from .config import Config, ConfigError
+from .data import RandomWindows, build_tokenizer, load_tokens, val_batches
+from .loss import lm_loss
+from .metrics import MetricsWriter, mfu, peak_flops
+from .model import GPT, model_config_from
+from .runlog import RunLog
+from .schedule import lr_at
+
+
+def resolve_precision(cfg: Config) -> str:
+    """The precision this run really uses: 'bf16' or 'fp32'."""
+    cuda = torch.cuda.is_available()
+    if cfg.precision == "auto":
+        return "bf16" if cuda and torch.cuda.is_bf16_supported() else "fp32"
+    if cfg.precision == "bf16" and cuda and not torch.cuda.is_bf16_supported():
+        raise ConfigError(f"{cfg.source}: key 'precision': bf16 is not supported on "
+                          f"{torch.cuda.get_device_name()}; use fp32")
+    return cfg.precision
+
+
+def build_optimizer(model: torch.nn.Module, cfg: Config, fused: bool) -> torch.optim.AdamW:
+    """AdamW with weight decay on matrices and embeddings only: decaying norms' gains and
+    biases toward zero hurts and saves nothing."""
+    decay = [p for p in model.parameters() if p.requires_grad and p.dim() >= 2]
+    no_decay = [p for p in model.parameters() if p.requires_grad and p.dim() < 2]
+    groups = [{"params": decay, "weight_decay": cfg.weight_decay},
+              {"params": no_decay, "weight_decay": 0.0}]
+    return torch.optim.AdamW(groups, lr=cfg.learning_rate, betas=(cfg.beta1, cfg.beta2),
+                             eps=cfg.adam_eps, fused=fused)
+
+
+@dataclass
+class Schedule:
+    total_steps: int        # when training stops (epochs / max_steps)
+    lr_steps: int           # length of the LR schedule
+    steps_per_epoch: int
+
+
+def plan_steps(cfg: Config, train_tokens: int, plan: BatchPlan) -> Schedule:
+    tokens_per_step = plan.effective * cfg.seq_len
+    steps_per_epoch = max(1, math.ceil(train_tokens / tokens_per_step))
+    candidates = [s for s in (
+        math.ceil(cfg.num_epochs * steps_per_epoch) if cfg.num_epochs else None,
+        cfg.max_steps) if s is not None]
+    total = min(candidates)
+    lr_steps = cfg.lr_decay_steps or total
+    if cfg.warmup_steps >= lr_steps:
+        what = "lr_decay_steps" if cfg.lr_decay_steps else \
+            f"the run's total steps (num_epochs {cfg.num_epochs} × {steps_per_epoch} steps/epoch)"
+        raise ConfigError(f"{cfg.source}: key 'warmup_steps' ({cfg.warmup_steps}) must be "
+                          f"smaller than {what} = {lr_steps}")
+    return Schedule(total, lr_steps, steps_per_epoch)
+
+
+def train(cfg: Config) -> int:
+    from accelerate import Accelerator, PartialState
+    from accelerate.utils import set_seed
+
+    missing = config_mod.not_implemented(cfg)
+    if missing:
+        raise ConfigError(f"{cfg.source}: " + "; ".join(missing))
+
+    # Without CUDA, say so up front: under torchrun that selects gloo (multi-process CPU).
+    cpu = not torch.cuda.is_available()
+    state = PartialState(cpu=cpu)
+    log = RunLog(state.is_main_process)
+    plan = manual_plan(cfg, state.num_processes)
+    precision = resolve_precision(cfg)
+    if torch.cuda.is_available() and cfg.tf32:
+        torch.backends.cuda.matmul.allow_tf32 = True
+        torch.backends.cudnn.allow_tf32 = True
+    accelerator = Accelerator(
+        cpu=cpu,
+        mixed_precision="bf16" if precision == "bf16" else "no",
+        gradient_accumulation_steps=plan.accum,
+        step_scheduler_with_optimizer=False)
+    device = accelerator.device
+
+    # --- run directory and resume point ---------------------------------------------------------
+    ckpt = CheckpointManager(cfg.output_dir, cfg.keep_checkpoints)
+    resume_from = resolve_resume(cfg.resume, ckpt)
+    log.open(os.path.join(cfg.output_dir, "train.log"))
+    log.info(f"fp8train: {cfg.source} -> {cfg.output_dir} "
+             f"({accelerator.num_processes} process{'es' if plan.world > 1 else ''}, "
+             f"{_device_name(device)}, {precision})")
+
+    # --- data -----------------------------------------------------------------------------------
+    set_seed(cfg.seed)  # the same init on every rank
+    tokenizer = build_tokenizer(cfg.tokenizer)
+    with accelerator.main_process_first():  # one download, not one per rank
+        splits = load_tokens(cfg.dataset, cfg.data_dir, tokenizer, cfg.seq_len,
+                             cfg.val_fraction, log.info)
+    sched = plan_steps(cfg, len(splits.train), plan)
+    sampler = RandomWindows(splits.train, cfg.seq_len, cfg.seed)
+    eval_set = val_batches(splits.val, cfg.seq_len, cfg.eval_sequences, plan.micro)
+    log.info(f"data: {cfg.dataset} ({cfg.tokenizer} tokenizer, vocab {splits.vocab_size:,}): "
+             f"{len(splits.train):,} train / {len(splits.val):,} val tokens")
+
+    # --- model and optimizer --------------------------------------------------------------------
+    try:
+        mcfg = model_config_from(
+            cfg.model, splits.vocab_size, cfg.seq_len, n_layer=cfg.n_layer, n_head=cfg.n_head,
+            n_kv_head=cfg.n_kv_head, n_embd=cfg.n_embd, ffn_hidden_size=cfg.ffn_hidden_size,
+            dropout=cfg.dropout, pad_vocab_multiple=cfg.pad_vocab_multiple)
+    except ValueError as e:
+        raise ConfigError(f"{cfg.source}: model '{cfg.model}': {e}") from None
+    model = GPT(mcfg)
+    model.activation_checkpointing = cfg.activation_checkpointing
+    n_params = model.num_params()
+    flops_per_token = model.flops_per_token()
+    log.info(f"model: {cfg.model} ({mcfg.arch}, {mcfg.n_layer} layers, d={mcfg.n_embd}, "
+             f"{mcfg.n_head} heads), {n_params / 1e6:.2f}M parameters "
+             f"({model.num_params(exclude_embeddings=True) / 1e6:.2f}M non-embedding), "
+             f"vocab {mcfg.vocab_size:,} padded to {mcfg.padded_vocab_size:,}")
+    optimizer = build_optimizer(model, cfg, fused=device.type == "cuda")
+    model, optimizer = accelerator.prepare(model, optimizer)
+    if cfg.compile:
+        model = torch.compile(model)
+    train_state = TrainState()
+    accelerator.register_for_checkpointing(train_state)
+
+    log.info(plan.describe(cfg.seq_len))
+    log.info(f"schedule: {sched.total_steps:,} steps ({sched.steps_per_epoch:,} per epoch), "
+             f"warmup {cfg.warmup_steps}, cosine to {cfg.min_lr_ratio:g} × "
+             f"{cfg.learning_rate:g} at step {sched.lr_steps:,}")
+
+    derived = dict(micro_batch_size=plan.micro, gradient_accumulation_steps=plan.accum,
+                   world_size=plan.world, effective_batch_size=plan.effective,
+                   tokens_per_step=plan.effective * cfg.seq_len, total_steps=sched.total_steps,
+                   lr_schedule_steps=sched.lr_steps, steps_per_epoch=sched.steps_per_epoch,
+                   precision=precision, device=_device_name(device),
+                   n_params=n_params, vocab_size=mcfg.vocab_size,
+                   padded_vocab_size=mcfg.padded_vocab_size, flops_per_token=flops_per_token)
+    if accelerator.is_main_process:
+        with open(os.path.join(cfg.output_dir, "config.yaml"), "w", encoding="utf-8") as fh:
+            fh.write(config_mod.dump_yaml(cfg, derived))
+
+    metrics = MetricsWriter(os.path.join(cfg.output_dir, "metrics.jsonl"),
+                            accelerator.is_main_process)
+    if resume_from is not None:
+        accelerator.load_state(resume_from)
+        dropped = metrics.truncate_after(train_state.step)
+        log.info(f"resumed from {resume_from} at step {train_state.step:,} "
+                 f"({train_state.tokens:,} tokens)"
+                 + (f"; dropped {dropped} metrics rows logged after it" if dropped else ""))
+    else:
+        metrics.truncate_after(0)
+
+    if train_state.step >= sched.total_steps:
+        log.info(f"nothing to do: step {train_state.step:,} already reaches the end "
+                 f"({sched.total_steps:,} steps)")
+        log.close()
+        return 0
+
+    loop = Loop(cfg, accelerator, model, optimizer, sampler, eval_set, sched, plan,
+                train_state, ckpt, metrics, log, flops_per_token)
+    loop.run()
+    log.close()
+    return 0
+
+
+class Loop:
+    """The hot loop and what runs at its intervals (log, eval, checkpoint)."""
+
+    def __init__(self, cfg, accelerator, model, optimizer, sampler, eval_set, sched, plan,
+                 train_state, ckpt, metrics, log, flops_per_token):
+        self.cfg, self.acc, self.model, self.opt = cfg, accelerator, model, optimizer
+        self.sampler, self.eval_set, self.sched, self.plan = sampler, eval_set, sched, plan
+        self.st, self.ckpt, self.metrics, self.log = train_state, ckpt, metrics, log
+        self.flops_per_token = flops_per_token
+        self.device = accelerator.device
+        self.peak = peak_flops(_device_name(self.device)) if self.device.type == "cuda" else None
+        self.tokens_per_step = plan.effective * cfg.seq_len
+        self.rank_offset = accelerator.process_index * plan.micro * plan.accum
+        self.lr_args = dict(max_lr=cfg.learning_rate, warmup_steps=cfg.warmup_steps,
+                            total_steps=sched.lr_steps, min_lr_ratio=cfg.min_lr_ratio)
+        self.max_norm = cfg.grad_clip if cfg.grad_clip > 0 else float("inf")
+        self.progress = _Progress(log, sched.total_steps, train_state.step)
+
+    def run(self) -> None:
+        cfg, st = self.cfg, self.st
+        start_time = time.time()
+        # Running sums on the device: read back (a host sync) only at the log interval.
+        loss_sum = torch.zeros((), device=self.device)
+        penalty_sum = torch.zeros((), device=self.device)
+        interval_steps, interval_t0 = 0, time.perf_counter()
+        self.model.train()
+        stop_reason = None
+        while st.step < self.sched.total_steps:
+            lr = lr_at(st.step, **self.lr_args)
+            for group in self.opt.param_groups:
+                group["lr"] = lr
+            # This rank's slice of the step's sequences, one micro-batch at a time.
+            first = st.data_position + self.rank_offset
+            for m in range(self.plan.accum):
+                x, y = self.sampler.batch(first + m * self.plan.micro, self.plan.micro)
+                x = x.to(self.device, non_blocking=True)
+                y = y.to(self.device, non_blocking=True)
+                with self.acc.accumulate(self.model):  # no_sync except on the last micro-step
+                    loss, ce, penalty = lm_loss(self.model(x), y, cfg.penalty_type,
+                                                cfg.penalty_weight)
+                    self.acc.backward(loss)            # divides by the accumulation steps
+                loss_sum += ce.detach()
+                penalty_sum += penalty.detach()
+            grad_norm = self.acc.clip_grad_norm_(self.model.parameters(), self.max_norm)
+            self.opt.step()
+            self.opt.zero_grad(set_to_none=True)
+            st.step += 1
+            st.tokens += self.tokens_per_step
+            st.data_position += self.plan.effective
+            interval_steps += 1
+
+            last = st.step == self.sched.total_steps
+            if st.step % cfg.log_interval == 0 or last:
+                n = interval_steps * self.plan.accum
+                losses = self.acc.reduce(torch.stack([loss_sum, penalty_sum]) / n, "mean")
+                loss_val, penalty_val = losses.tolist()  # the host sync
+                elapsed = time.perf_counter() - interval_t0
+                st.train_seconds += elapsed
+                self._log_train(loss_val, penalty_val, lr, float(grad_norm), interval_steps,
+                                elapsed)
+                loss_sum.zero_()
+                penalty_sum.zero_()
+                interval_steps = 0
+                if cfg.max_hours is not None and not last and \
+                        self._agreed(time.time() - start_time > cfg.max_hours * 3600):
+                    stop_reason = f"max_hours ({cfg.max_hours:g}) reached"
+                interval_t0 = time.perf_counter()
+            if st.step % cfg.eval_interval == 0 or last or stop_reason:
+                self._evaluate()
+            if st.step % cfg.checkpoint_interval == 0 or last or stop_reason:
+                path = self.ckpt.save(self.acc, st.step)
+                self.log.file_only(f"checkpoint: {path}")
+                interval_t0 = time.perf_counter()  # don't bill checkpoint time to throughput
+            if stop_reason:
+                break
+        self.progress.close()
+        done = f"stopped early: {stop_reason}; resume with --resume" if stop_reason else "done"
+        self.log.info(f"{done} at step {st.step:,} ({st.tokens:,} tokens, "
+                      f"{st.train_seconds / 60:.1f} min of training); checkpoint "
+                      f"{self.ckpt.latest()}")
+
+    def _agreed(self, flag: bool) -> bool:
+        """Rank 0's decision on every rank, so no rank leaves the loop alone."""
+        if self.acc.num_processes == 1:
+            return flag
+        from accelerate.utils import broadcast
+        return bool(broadcast(torch.tensor([int(flag)], device=self.device)).item())
+
+    def _log_train(self, loss, penalty, lr, grad_norm, steps, elapsed) -> None:
+        st = self.st
+        tok_s = self.tokens_per_step * steps / elapsed if elapsed > 0 else 0.0
+        per_dev = tok_s / self.plan.world
+        row = {"step": st.step, "tokens": st.tokens, "train/loss": loss,
+               "train/penalty": penalty, "train/total_loss": loss + penalty, "train/lr": lr,
+               "train/grad_norm": grad_norm, "train/tokens_per_sec": tok_s,
+               "train/tokens_per_sec_per_device": per_dev,
+               "train/step_time": elapsed / steps if steps else 0.0}
+        m = mfu(self.flops_per_token, per_dev, self.peak)
+        if m is not None:
+            row["train/mfu"] = m
+        if self.device.type == "cuda":
+            row["system/gpu_memory_allocated_gb"] = torch.cuda.memory_allocated() / 1e9
+            row["system/gpu_memory_peak_gb"] = torch.cuda.max_memory_allocated() / 1e9
+        self.metrics.write(row)
+        self.progress.update(st.step, row)
+
+    @torch.no_grad()
+    def _evaluate(self) -> None:
+        self.model.eval()
+        total = torch.zeros(2, device=self.device)  # (sum of token losses, tokens)
+        for i, (x, y) in enumerate(self.eval_set):
+            if i % self.acc.num_processes != self.acc.process_index:
+                continue
+            _, ce, _ = lm_loss(self.model(x.to(self.device)), y.to(self.device))
+            total += torch.stack([ce * y.numel(), torch.tensor(float(y.numel()),
+                                                                device=self.device)])
+        total = self.acc.reduce(total, "sum")
+        val_loss = (total[0] / total[1]).item()
+        self.model.train()
+        row = {"step": self.st.step, "tokens": self.st.tokens, "val/loss": val_loss,
+               "val/ppl": math.exp(min(val_loss, 50.0))}
+        self.metrics.write(row)
+        self.progress.message(f"eval step {self.st.step:,}: val/loss {val_loss:.4f}, "
+                              f"val/ppl {row['val/ppl']:.2f}")
+
+
+class _Progress:
+    """A tqdm bar on an interactive terminal; plain log lines otherwise (files, CI, SLURM)."""
+
+    def __init__(self, log: RunLog, total: int, initial: int):
+        self.log, self.total, self.t0, self.initial = log, total, time.time(), initial
+        self.bar = None
+        if log.is_main and sys.stdout.isatty():
+            from tqdm.auto import tqdm
+            self.bar = tqdm(total=total, initial=initial, unit="step", dynamic_ncols=True)
+
+    def update(self, step: int, row: dict) -> None:
+        done = step - self.initial
+        eta = (time.time() - self.t0) / done * (self.total - step) if done > 0 else 0.0
+        line = (f"step {step:,}/{self.total:,} | loss {row['train/loss']:.4f} | "
+                f"lr {row['train/lr']:.2e} | grad {row['train/grad_norm']:.2f} | "
+                f"{row['train/tokens_per_sec']:,.0f} tok/s | "
+                f"{row['train/step_time'] * 1000:.0f} ms/step"
+                + (f" | mfu {row['train/mfu']:.1%}" if "train/mfu" in row else "")
+                + f" | ETA {_hms(eta)}")
+        if self.bar is not None:
+            self.bar.n = step
+            self.bar.set_postfix_str(line.split(" | ", 1)[1].rsplit(" | ETA", 1)[0],
+                                     refresh=True)
+            self.log.file_only(line)
+        else:
+            self.log.info(line)
+
+    def message(self, msg: str) -> None:
+        if self.bar is not None:
+            self.bar.write(msg)
+            self.log.file_only(msg)
+        else:
+            self.log.info(msg)
+
+    def close(self) -> None:
+        if self.bar is not None:
+            self.bar.close()
+
+
+def _hms(seconds: float) -> str:
+    s = int(seconds)
+    return f"{s // 3600}:{s % 3600 // 60:02d}:{s % 60:02d}"
+
+
+def _device_name(device: torch.device) -> str:
+    if device.type == "cuda":
+        return torch.cuda.get_device_name(device)
+    return device.type

@@ -1,0 +1,46 @@
+"""Shared test helpers. The corpus is the real tinyshakespeare: taken from FP8TRAIN_DATA_DIR,
+else from a shared data folder beside the checkout, else downloaded once by the project's own
+code into ./data."""
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))
+
+
+def _find_data_dir() -> str:
+    for cand in (os.environ.get("FP8TRAIN_DATA_DIR"), ROOT.parent / "shared" / "data",
+                 ROOT / "data"):
+        if cand and (Path(cand) / "tinyshakespeare.txt").is_file():
+            return str(cand)
+    return str(ROOT / "data")  # the trainer downloads it here, or says where to put it
+
+
+DATA_DIR = _find_data_dir()
+UNIGRAM_ENTROPY_NATS = None  # filled lazily by byte_unigram_entropy()
+
+
+@pytest.fixture(scope="session")
+def data_dir() -> str:
+    return DATA_DIR
+
+
+def run_train(*args, env=None, timeout=600) -> subprocess.CompletedProcess:
+    """`python train_fp8.py ARGS` in a real subprocess, from the repository root."""
+    full_env = dict(os.environ, FP8TRAIN_DATA_DIR=DATA_DIR, PYTHONUNBUFFERED="1")
+    full_env.update(env or {})
+    return subprocess.run([sys.executable, "train_fp8.py", *map(str, args)], cwd=ROOT,
+                          env=full_env, capture_output=True, text=True, timeout=timeout)
+
+
+def tiny_args(output_dir, **overrides):
+    """A seconds-long run: the demo config shrunk further."""
+    kw = dict(config="configs/test_fp8.yaml", output_dir=output_dir, n_layer=2, seq_len=64,
+              batch_size=8, gradient_accumulation_steps=2, warmup_steps=3, max_steps=12,
+              log_interval=4, eval_interval=6, checkpoint_interval=6, eval_sequences=32)
+    kw.update(overrides)
+    return [f"--{k}={v}" for k, v in kw.items()]

@@ -1,0 +1,35 @@
+"""GPU checks: run only where CUDA is present (skipped in CI)."""
+import json
+import os
+
+import pytest
+import torch
+import yaml
+
+from conftest import run_train, tiny_args
+
+pytestmark = [pytest.mark.gpu,
+              pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")]
+
+
+def test_bf16_run_on_gpu_reports_memory_and_precision(tmp_path):
+    out = tmp_path / "run"
+    r = run_train(*tiny_args(out, max_steps=20, batch_size=16, seq_len=128))
+    assert r.returncode == 0, r.stderr[-3000:]
+    cfg = yaml.safe_load(open(out / "config.yaml"))
+    assert cfg["derived"]["precision"] == "bf16"
+    assert cfg["derived"]["device"] == torch.cuda.get_device_name()
+    rows = [json.loads(line) for line in open(out / "metrics.jsonl")]
+    last = [x for x in rows if "train/loss" in x][-1]
+    assert last["system/gpu_memory_peak_gb"] >= last["system/gpu_memory_allocated_gb"] > 0
+    from fp8train.metrics import peak_flops
+    if peak_flops(torch.cuda.get_device_name()) is not None:
+        assert 0 < last["train/mfu"] < 1
+
+
+def test_resume_on_gpu_continues_the_step_count(tmp_path):
+    out = tmp_path / "run"
+    assert run_train(*tiny_args(out, max_steps=6, lr_decay_steps=12)).returncode == 0
+    r = run_train(*tiny_args(out, max_steps=12, lr_decay_steps=12), "--resume")
+    assert r.returncode == 0 and "at step 6" in r.stdout
+    assert os.path.isdir(out / "checkpoints" / "step_0000012")

@@ -1,0 +1,180 @@
+"""End to end through the real entry point (`python train_fp8.py ...` in a subprocess, real
+Accelerate, real tinyshakespeare): training, evaluation, checkpoints, exact resume."""
+import json
+import math
+import os
+
+import numpy as np
+import pytest
+import yaml
+from safetensors.torch import load_file
+
+from conftest import DATA_DIR, ROOT, run_train, tiny_args
+
+CONTRACT_TRAIN_KEYS = {"step", "tokens", "train/loss", "train/lr", "train/grad_norm",
+                       "train/tokens_per_sec"}
+CONTRACT_VAL_KEYS = {"step", "tokens", "val/loss", "val/ppl"}
+
+
+def rows(run_dir):
+    with open(os.path.join(run_dir, "metrics.jsonl")) as fh:
+        return [json.loads(line) for line in fh]
+
+
+def final_params(run_dir):
+    latest = open(os.path.join(run_dir, "checkpoints", "latest")).read().strip()
+    return load_file(os.path.join(run_dir, "checkpoints", latest, "model.safetensors"))
+
+
+def byte_unigram_entropy() -> float:
+    raw = np.frombuffer(open(os.path.join(DATA_DIR, "tinyshakespeare.txt"), "rb").read(), np.uint8)
+    p = np.bincount(raw, minlength=256) / len(raw)
+    p = p[p > 0]
+    return float(-(p * np.log(p)).sum())
+
+
+@pytest.mark.slow
+def test_demo_config_trains_well_below_the_unigram_baseline(tmp_path):
+    """The README's quick-start command, with only the run directory moved."""
+    out = tmp_path / "demo"
+    r = run_train("--config", "configs/test_fp8.yaml", "--output_dir", out)
+    assert r.returncode == 0, r.stderr[-3000:]
+    assert "batch plan: micro 16 × accum 2 × 1 device" in r.stdout
+    log = rows(out)
+    train = [x for x in log if "train/loss" in x]
+    val = [x for x in log if "val/loss" in x]
+    assert train and val and all(CONTRACT_TRAIN_KEYS <= set(x) for x in train)
+    assert all(CONTRACT_VAL_KEYS <= set(x) for x in val)
+    assert "train/mfu" not in train[-1]  # CPU: no peak to compare with, so no MFU at all
+    cfg = yaml.safe_load(open(out / "config.yaml"))
+    final = val[-1]
+    assert final["step"] == cfg["derived"]["total_steps"] == cfg["max_steps"]
+    unigram = byte_unigram_entropy()  # 3.31 nats
+    assert final["val/loss"] < unigram - 1.0, (final, unigram)
+    assert final["val/ppl"] == pytest.approx(math.exp(final["val/loss"]), rel=1e-6)
+    assert train[-1]["train/loss"] < train[0]["train/loss"]
+    assert cfg["derived"]["precision"] == "fp32" and cfg["derived"]["world_size"] == 1
+    ckpt = out / "checkpoints"
+    latest = (ckpt / "latest").read_text().strip()
+    assert latest == f"step_{final['step']:07d}"
+    assert {"model.safetensors", "optimizer.bin", "random_states_0.pkl",
+            "custom_checkpoint_0.pkl"} <= set(os.listdir(ckpt / latest))
+    assert len([d for d in os.listdir(ckpt) if d.startswith("step_")]) == 3  # keep_checkpoints
+    assert "done at step" in (out / "train.log").read_text()
+
+
+def test_resume_is_bit_exact(tmp_path):
+    """N steps straight == N/2 steps, stop, resume to N: same params, same losses."""
+    common = dict(lr_decay_steps=12)  # the schedule must not depend on where we stop
+    a, b = tmp_path / "straight", tmp_path / "stopped"
+    assert run_train(*tiny_args(a, max_steps=12, **common)).returncode == 0
+    r1 = run_train(*tiny_args(b, max_steps=6, **common))
+    assert r1.returncode == 0, r1.stderr[-2000:]
+    r2 = run_train(*tiny_args(b, max_steps=12, **common), "--resume")
+    assert r2.returncode == 0, r2.stderr[-2000:]
+    assert "resumed from" in r2.stdout and "at step 6" in r2.stdout
+    pa, pb = final_params(a), final_params(b)
+    assert pa.keys() == pb.keys()
+    for k in pa:
+        assert (pa[k] == pb[k]).all(), k
+    # Evaluations match exactly; so do train rows whose averaging window (the steps since the
+    # previous log line) is the same in both runs: not step 8, whose window the stop cut.
+    pick = lambda rs, key, steps: [{k: v for k, v in x.items() if "per_sec" not in k
+                                    and "time" not in k} for x in rs if key in x
+                                   and x["step"] in steps]
+    assert pick(rows(a), "val/loss", {6, 12}) == pick(rows(b), "val/loss", {6, 12})
+    assert pick(rows(a), "train/loss", {4, 12}) == pick(rows(b), "train/loss", {4, 12})
+    assert len(pick(rows(a), "train/loss", {4, 12})) == 2
+
+
+def test_micro_batch_split_does_not_change_training(tmp_path):
+    """Same effective batch as 8 × 2 or 16 × 1: the same sequences, the same update (up to
+    float summation order)."""
+    a, b = tmp_path / "a", tmp_path / "b"
+    assert run_train(*tiny_args(a, batch_size=8, gradient_accumulation_steps=2)).returncode == 0
+    assert run_train(*tiny_args(b, batch_size=16, gradient_accumulation_steps=1)).returncode == 0
+    pa, pb = final_params(a), final_params(b)
+    for k in pa:
+        np.testing.assert_allclose(pa[k].numpy(), pb[k].numpy(), atol=1e-4, rtol=0)
+    la = [x["train/loss"] for x in rows(a) if "train/loss" in x]
+    lb = [x["train/loss"] for x in rows(b) if "train/loss" in x]
+    np.testing.assert_allclose(la, lb, rtol=1e-5)
+
+
+def test_existing_checkpoints_are_never_overwritten_silently(tmp_path):
+    out = tmp_path / "run"
+    assert run_train(*tiny_args(out, max_steps=6)).returncode == 0
+    r = run_train(*tiny_args(out, max_steps=6))
+    assert r.returncode == 2 and "already holds checkpoints" in r.stderr
+    assert "Traceback" not in r.stderr and len(r.stderr.strip().splitlines()) == 1
+    r = run_train(*tiny_args(out, max_steps=6), "--resume=auto")
+    assert r.returncode == 0 and "nothing to do" in r.stdout
+
+
+def test_max_hours_stops_with_a_checkpoint_and_resumes(tmp_path):
+    out = tmp_path / "run"
+    r = run_train(*tiny_args(out, max_hours=1e-7))
+    assert r.returncode == 0 and "stopped early: max_hours" in r.stdout
+    step = rows(out)[-1]["step"]
+    assert step == 4  # the first log interval, where the clock is checked
+    assert (out / "checkpoints" / "latest").read_text().strip() == "step_0000004"
+    r = run_train(*tiny_args(out), "--resume")
+    assert r.returncode == 0 and rows(out)[-1]["step"] == 12
+
+
+def test_penalty_is_logged_separately(tmp_path):
+    out = tmp_path / "run"
+    r = run_train(*tiny_args(out, max_steps=4, penalty_type="z_loss", penalty_weight=1e-3,
+                             model="tiny-llama"))
+    assert r.returncode == 0, r.stderr[-2000:]
+    last = [x for x in rows(out) if "train/loss" in x][-1]
+    assert last["train/penalty"] > 0
+    assert last["train/total_loss"] == pytest.approx(last["train/loss"] + last["train/penalty"])
+
+
+@pytest.mark.parametrize("extra,expected", [
+    (["--use_fp8"], "use_fp8"),
+    (["--auto_batch_size", "--target_effective_batch_size=16"], "auto_batch_size"),
+    (["--use_wandb"], "use_wandb"),
+    (["--dataset=openwebtext"], "dataset 'openwebtext' needs prepared token shards"),
+    (["--warmup_steps=500", "--max_steps=null", "--num_epochs=0.01"], "key 'warmup_steps'"),
+])
+def test_features_not_available_yet_stop_with_exit_2(tmp_path, extra, expected):
+    r = run_train(*tiny_args(tmp_path / "run"), *extra)
+    assert r.returncode == 2, r.stdout + r.stderr
+    assert expected in r.stderr and "Traceback" not in r.stderr
+    assert len(r.stderr.strip().splitlines()) == 1
+
+
+def test_missing_dataset_offline_exits_2_naming_the_path(tmp_path):
+    r = run_train(*tiny_args(tmp_path / "run", data_dir=tmp_path / "empty"),
+                  env={"FP8TRAIN_OFFLINE": "1"})
+    assert r.returncode == 2
+    assert str(tmp_path / "empty" / "tinyshakespeare.txt") in r.stderr
+    assert "Traceback" not in r.stderr
+
+
+def test_two_processes_match_one_process_with_the_same_effective_batch(tmp_path):
+    """DDP over gloo (torchrun, 2 CPU processes, micro 4 × accum 1 × 2) against one process
+    (micro 4 × accum 2 × 1): the same sequences, so the same losses and parameters up to float
+    summation order (measured difference ~3e-6)."""
+    import subprocess
+    import sys
+    one, two = tmp_path / "one", tmp_path / "two"
+    assert run_train(*tiny_args(one, batch_size=4, gradient_accumulation_steps=2,
+                                max_steps=8)).returncode == 0
+    env = dict(os.environ, FP8TRAIN_DATA_DIR=DATA_DIR)
+    r = subprocess.run([sys.executable, "-m", "torch.distributed.run", "--nproc_per_node", "2",
+                        "train_fp8.py", *tiny_args(two, batch_size=4,
+                                                   gradient_accumulation_steps=1, max_steps=8)],
+                       cwd=ROOT, env=env, capture_output=True, text=True, timeout=600)
+    assert r.returncode == 0, r.stderr[-3000:]
+    assert "batch plan: micro 4 × accum 1 × 2 devices" in r.stdout
+    assert r.stdout.count("done at step 8") == 1  # rank 0 alone prints
+    assert os.path.isfile(two / "checkpoints" / "step_0000008" / "random_states_1.pkl")
+    p1, p2 = final_params(one), final_params(two)
+    for k in p1:
+        np.testing.assert_allclose(p1[k].numpy(), p2[k].numpy(), atol=1e-4, rtol=0)
+    v1 = [x["val/loss"] for x in rows(one) if "val/loss" in x]
+    v2 = [x["val/loss"] for x in rows(two) if "val/loss" in x]
+    np.testing.assert_allclose(v1, v2, rtol=1e-5)
