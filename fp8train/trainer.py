@@ -310,18 +310,16 @@ class _Progress:
             self.bar = tqdm(total=total, initial=initial, unit="step", dynamic_ncols=True)
 
     def update(self, step: int, row: dict) -> None:
+        stats = (f"loss {row['train/loss']:.4f} | lr {row['train/lr']:.2e} | "
+                 f"grad {row['train/grad_norm']:.2f} | {row['train/tokens_per_sec']:,.0f} tok/s | "
+                 f"{row['train/step_time'] * 1000:.0f} ms/step"
+                 + (f" | mfu {row['train/mfu']:.1%}" if "train/mfu" in row else ""))
         done = step - self.initial
         eta = (time.time() - self.t0) / done * (self.total - step) if done > 0 else 0.0
-        line = (f"step {step:,}/{self.total:,} | loss {row['train/loss']:.4f} | "
-                f"lr {row['train/lr']:.2e} | grad {row['train/grad_norm']:.2f} | "
-                f"{row['train/tokens_per_sec']:,.0f} tok/s | "
-                f"{row['train/step_time'] * 1000:.0f} ms/step"
-                + (f" | mfu {row['train/mfu']:.1%}" if "train/mfu" in row else "")
-                + f" | ETA {_hms(eta)}")
-        if self.bar is not None:
+        line = f"step {step:,}/{self.total:,} | {stats} | ETA {_hms(eta)}"
+        if self.bar is not None:  # the bar shows step, total and ETA itself
             self.bar.n = step
-            self.bar.set_postfix_str(line.split(" | ", 1)[1].rsplit(" | ETA", 1)[0],
-                                     refresh=True)
+            self.bar.set_postfix_str(stats, refresh=True)
             self.log.file_only(line)
         else:
             self.log.info(line)
