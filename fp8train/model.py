@@ -6,7 +6,7 @@ A plain nn.Module: precision (bf16/FP8), compile and distribution are applied fr
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass, replace
+from dataclasses import dataclass
 from typing import Optional
 
 import torch

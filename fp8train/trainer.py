@@ -138,6 +138,26 @@ def train(cfg: Config) -> int:
              f"warmup {cfg.warmup_steps}, cosine to {cfg.min_lr_ratio:g} × "
              f"{cfg.learning_rate:g} at step {sched.lr_steps:,}")
 
+    # Same init everywhere (seeded above); from here on dropout masks differ per rank. A resume
+    # then restores each rank's RNG state from the checkpoint.
+    set_seed(cfg.seed + accelerator.process_index)
+    metrics = MetricsWriter(os.path.join(cfg.output_dir, "metrics.jsonl"),
+                            accelerator.is_main_process)
+    if resume_from is not None:
+        try:
+            accelerator.load_state(resume_from)
+        except (RuntimeError, KeyError, ValueError, OSError) as e:
+            first = " ".join(str(e).split())[:300] or type(e).__name__
+            raise ConfigError(f"cannot resume from '{resume_from}': it does not match this "
+                              f"run's model or optimizer ({first})") from None
+        dropped = metrics.truncate_after(train_state.step)
+        log.info(f"resumed from {resume_from} at step {train_state.step:,} "
+                 f"({train_state.tokens:,} tokens)"
+                 + (f"; dropped {dropped} metrics rows logged after it" if dropped else ""))
+    elif metrics.truncate_after(0):
+        log.warn("metrics.jsonl held rows of an earlier run that left no checkpoint; "
+                 "they were dropped")
+
     derived = dict(micro_batch_size=plan.micro, gradient_accumulation_steps=plan.accum,
                    world_size=plan.world, effective_batch_size=plan.effective,
                    tokens_per_step=plan.effective * cfg.seq_len, total_steps=sched.total_steps,
@@ -148,17 +168,6 @@ def train(cfg: Config) -> int:
     if accelerator.is_main_process:
         with open(os.path.join(cfg.output_dir, "config.yaml"), "w", encoding="utf-8") as fh:
             fh.write(config_mod.dump_yaml(cfg, derived))
-
-    metrics = MetricsWriter(os.path.join(cfg.output_dir, "metrics.jsonl"),
-                            accelerator.is_main_process)
-    if resume_from is not None:
-        accelerator.load_state(resume_from)
-        dropped = metrics.truncate_after(train_state.step)
-        log.info(f"resumed from {resume_from} at step {train_state.step:,} "
-                 f"({train_state.tokens:,} tokens)"
-                 + (f"; dropped {dropped} metrics rows logged after it" if dropped else ""))
-    else:
-        metrics.truncate_after(0)
 
     if train_state.step >= sched.total_steps:
         log.info(f"nothing to do: step {train_state.step:,} already reaches the end "

@@ -35,7 +35,12 @@ def main(argv=None) -> int:
     for s in samples:
         print(f"{s:>10}  {lrs[s]:.6g}")
 
-    import matplotlib
+    try:
+        import matplotlib
+    except ImportError:
+        print("error: the plot needs matplotlib: pip install matplotlib (or -e '.[dev]')",
+              file=sys.stderr)
+        return 2
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
     fig, ax = plt.subplots(figsize=(8, 4))

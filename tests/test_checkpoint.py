@@ -1,5 +1,4 @@
 """Checkpoint directory bookkeeping (the save itself is exercised end to end in test_train)."""
-import os
 
 import pytest
 

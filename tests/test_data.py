@@ -93,3 +93,39 @@ def test_unknown_hf_tokenizer_is_a_config_error(tmp_path, monkeypatch):
     monkeypatch.setenv("HF_HUB_OFFLINE", "1")  # the hub is unreachable here; fail fast
     with pytest.raises(ConfigError, match="key 'tokenizer': cannot load tokenizer"):
         build_tokenizer(str(tmp_path / "no-such-tokenizer"))
+
+
+@pytest.fixture
+def local_server(tmp_path):
+    """A real HTTP server on loopback standing in for the public URL (no internet here)."""
+    import functools
+    import http.server
+    import threading
+    root = tmp_path / "www"
+    root.mkdir()
+    handler = functools.partial(http.server.SimpleHTTPRequestHandler, directory=str(root))
+    handler.log_message = lambda *a, **k: None
+    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), handler)
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    yield root, f"http://127.0.0.1:{server.server_address[1]}"
+    server.shutdown()
+
+
+def test_download_checks_the_checksum_and_writes_atomically(tmp_path, local_server, data_dir,
+                                                             monkeypatch):
+    import fp8train.data as D
+    root, url = local_server
+    monkeypatch.delenv("FP8TRAIN_OFFLINE", raising=False)
+    monkeypatch.delenv("HF_HUB_OFFLINE", raising=False)
+    monkeypatch.delenv("HF_DATASETS_OFFLINE", raising=False)
+    (root / "bad.txt").write_text("not shakespeare")
+    monkeypatch.setattr(D, "TINYSHAKESPEARE_URL", f"{url}/bad.txt")
+    dest = tmp_path / "data"
+    with pytest.raises(ConfigError, match="checksum mismatch"):
+        corpus_path("tinyshakespeare", str(dest), log=lambda m: None)
+    assert not (dest / "tinyshakespeare.txt").exists()
+    assert not [p for p in dest.iterdir() if p.suffix == ".part"]
+    (root / "input.txt").write_bytes(open(os.path.join(data_dir, "tinyshakespeare.txt"), "rb").read())
+    monkeypatch.setattr(D, "TINYSHAKESPEARE_URL", f"{url}/input.txt")
+    path = corpus_path("tinyshakespeare", str(dest), log=lambda m: None)
+    assert path == str(dest / "tinyshakespeare.txt") and os.path.getsize(path) == 1_115_394

@@ -78,8 +78,10 @@ def test_demo_config_trains_well_below_the_unigram_baseline(tmp_path):
 
 
 def test_resume_is_bit_exact(tmp_path):
-    """N steps straight == N/2 steps, stop, resume to N: same params, same losses."""
-    common = dict(lr_decay_steps=12)  # the schedule must not depend on where we stop
+    """N steps straight == N/2 steps, stop, resume to N: same params, same losses. Dropout is
+    on so that the restored RNG state matters too."""
+    common = dict(lr_decay_steps=12,  # the schedule must not depend on where we stop
+                  dropout=0.1)
     a, b = tmp_path / "straight", tmp_path / "stopped"
     assert run_train(*tiny_args(a, max_steps=12, **common)).returncode == 0
     r1 = run_train(*tiny_args(b, max_steps=6, **common))
@@ -118,6 +120,9 @@ def test_existing_checkpoints_are_never_overwritten_silently(tmp_path):
     assert "Traceback" not in r.stderr and len(r.stderr.strip().splitlines()) == 1
     r = run_train(*tiny_args(out, max_steps=6), "--resume=auto")
     assert r.returncode == 0 and "nothing to do" in r.stdout
+    r = run_train(*tiny_args(out, max_steps=12, n_layer=3), "--resume")  # another model
+    assert r.returncode == 2 and "cannot resume from" in r.stderr and "Traceback" not in r.stderr
+    assert len(r.stderr.strip().splitlines()) == 1
 
 
 def test_max_hours_stops_with_a_checkpoint_and_resumes(tmp_path):
@@ -182,3 +187,33 @@ def test_two_processes_match_one_process_with_the_same_effective_batch(tmp_path)
     assert r.stdout.count("done at step 8") == 1  # rank 0 alone prints
     assert os.path.isfile(two / "checkpoints" / "step_0000008" / "random_states_1.pkl")
     assert_same_training(one, two)
+
+
+def test_bf16_autocast_on_cpu_tracks_fp32(tmp_path):
+    """precision: bf16 really runs under bf16 autocast (on CPU here, as on GPU): the losses
+    differ from fp32 a little, not a lot."""
+    a, b = tmp_path / "fp32", tmp_path / "bf16"
+    assert run_train(*tiny_args(a, precision="fp32", max_steps=8)).returncode == 0
+    r = run_train(*tiny_args(b, precision="bf16", max_steps=8))
+    assert r.returncode == 0, r.stderr[-2000:]
+    assert yaml.safe_load(open(b / "config.yaml"))["derived"]["precision"] == "bf16"
+    la = [x["val/loss"] for x in rows(a) if "val/loss" in x]
+    lb = [x["val/loss"] for x in rows(b) if "val/loss" in x]
+    assert la != lb
+    np.testing.assert_allclose(la, lb, rtol=0.02)
+
+
+@pytest.mark.slow
+def test_compiled_model_trains_and_checkpoints_like_eager(tmp_path):
+    """--compile wraps the prepared model with torch.compile: same numbers as eager (up to
+    kernel fusion), and checkpoints that either mode can load (no _orig_mod. prefixes)."""
+    a, b = tmp_path / "eager", tmp_path / "compiled"
+    assert run_train(*tiny_args(a, max_steps=4, eval_interval=4)).returncode == 0
+    r = run_train(*tiny_args(b, max_steps=4, eval_interval=4), "--compile")
+    assert r.returncode == 0, r.stderr[-3000:]
+    pa, pb = final_params(a), final_params(b)
+    assert pa.keys() == pb.keys()
+    np.testing.assert_allclose([x["val/loss"] for x in rows(a) if "val/loss" in x],
+                               [x["val/loss"] for x in rows(b) if "val/loss" in x], rtol=1e-3)
+    r = run_train(*tiny_args(b, max_steps=8, eval_interval=4), "--resume")  # eager resume
+    assert r.returncode == 0 and "at step 4" in r.stdout
