@@ -16,6 +16,14 @@ from .config import ConfigError
 
 _STEP_DIR = re.compile(r"^step_(\d{7,})$")
 LATEST = "latest"
+CONFIG_NAME = "config.yaml"
+
+# Keys whose change on resume does not change what the model learns from; everything else is
+# reported when a resume differs from the run that wrote the checkpoint.
+HARMLESS_ON_RESUME = {"output_dir", "resume", "data_dir", "max_steps", "num_epochs", "max_hours",
+                      "log_interval", "eval_interval", "eval_sequences", "checkpoint_interval",
+                      "keep_checkpoints", "compile", "activation_checkpointing", "use_wandb",
+                      "wandb_project", "wandb_entity", "wandb_run_name", "wandb_tags"}
 
 
 def step_dir_name(step: int) -> str:
@@ -69,8 +77,9 @@ class CheckpointManager:
         done = self.complete()
         return done[-1][1] if done else None
 
-    def save(self, accelerator, step: int) -> str:
-        """Collective: every rank calls it (each saves its own RNG state)."""
+    def save(self, accelerator, step: int, config_text: str) -> str:
+        """Collective: every rank calls it (each saves its own RNG state). The run's resolved
+        config goes in too, so a resume can tell what changed."""
         final = os.path.join(self.dir, step_dir_name(step))
         tmp = os.path.join(self.dir, f".tmp-{step_dir_name(step)}")
         if accelerator.is_main_process:
@@ -80,6 +89,8 @@ class CheckpointManager:
         accelerator.save_state(tmp)
         accelerator.wait_for_everyone()
         if accelerator.is_main_process:
+            with open(os.path.join(tmp, CONFIG_NAME), "w", encoding="utf-8") as fh:
+                fh.write(config_text)
             if os.path.isdir(final):   # re-saving the same step (e.g. after a resume)
                 shutil.rmtree(final)
             _fsync_tree(tmp)
@@ -133,3 +144,17 @@ def _fsync_tree(path: str) -> None:
                 os.fsync(fd)
             finally:
                 os.close(fd)
+
+
+def changed_on_resume(checkpoint: str, current: dict) -> list[str]:
+    """'key old -> new' for every key that differs from the config stored in `checkpoint` and
+    changes training (see HARMLESS_ON_RESUME)."""
+    import yaml
+    path = os.path.join(checkpoint, CONFIG_NAME)
+    if not os.path.isfile(path):
+        return []
+    with open(path, encoding="utf-8") as fh:
+        saved = yaml.safe_load(fh) or {}
+    saved.pop("derived", None)
+    return [f"{k} {saved[k]!r} -> {v!r}" for k, v in current.items()
+            if k in saved and k not in HARMLESS_ON_RESUME and saved[k] != v]

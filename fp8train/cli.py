@@ -37,3 +37,13 @@ def main(argv: list[str] | None = None) -> int:
         if _is_rank0():
             print(f"error: {e}", file=sys.stderr)
         return EXIT_BAD_INPUT
+    finally:
+        _close_process_group()
+
+
+def _close_process_group() -> None:
+    """Leave the process group explicitly: a rank that exits with it still open can abort at
+    interpreter shutdown and turn a clean exit code into SIGABRT."""
+    import torch.distributed as dist
+    if dist.is_available() and dist.is_initialized():
+        dist.destroy_process_group()

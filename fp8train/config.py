@@ -46,7 +46,8 @@ class Config:
     resume: str = _key(
         "never", "never | auto (latest complete checkpoint in output_dir) | a checkpoint path; "
         "a bare --resume means auto", "run")
-    seed: int = _key(1337, "seed for init, data order and dropout", "run", min=0)
+    seed: int = _key(1337, "seed for init, data order and dropout", "run", min=0,
+                     max=2**31 - 1)
     # --- data ------------------------------------------------------------------------------
     dataset: str = _key(
         "tinyshakespeare", "tinyshakespeare | fineweb-edu | openwebtext | path to a .txt file",
@@ -431,9 +432,10 @@ def validate(cfg: Config) -> None:
         err(f"key 'n_kv_head' ({cfg.n_kv_head}) must divide n_head ({cfg.n_head})")
     if cfg.n_embd is not None and cfg.n_head is not None and cfg.n_embd % cfg.n_head:
         err(f"key 'n_embd' ({cfg.n_embd}) must be divisible by n_head ({cfg.n_head})")
-    if cfg.dataset not in KNOWN_DATASETS and not cfg.dataset.endswith(".txt") \
-            and not os.path.sep in cfg.dataset:
-        err(f"key 'dataset': '{cfg.dataset}' is neither a known dataset "
+    if cfg.dataset not in KNOWN_DATASETS and not os.path.isfile(cfg.dataset):
+        looks_like_path = cfg.dataset.endswith(".txt") or os.path.sep in cfg.dataset
+        err(f"key 'dataset': file '{cfg.dataset}' not found" if looks_like_path else
+            f"key 'dataset': '{cfg.dataset}' is neither a known dataset "
             f"({', '.join(KNOWN_DATASETS)}) nor a path to a .txt file")
     if cfg.resume not in ("never", "auto") and not os.path.exists(cfg.resume):
         err(f"key 'resume': checkpoint '{cfg.resume}' not found (use auto, never or a path)")

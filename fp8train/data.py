@@ -110,6 +110,8 @@ def corpus_path(dataset: str, data_dir: str, log=print) -> str:
         raise ConfigError(f"dataset '{dataset}' needs prepared token shards under "
                           f"'{os.path.join(data_dir, dataset)}/', and preparing them is not "
                           f"available in this version; use tinyshakespeare or a .txt file")
+    if os.path.isdir(dataset):
+        raise ConfigError(f"key 'dataset': '{dataset}' is a directory; expected a .txt file")
     if not os.path.isfile(dataset):
         raise ConfigError(f"key 'dataset': file '{dataset}' not found")
     return dataset
@@ -124,7 +126,7 @@ class TokenSplits:
 
 def load_tokens(dataset: str, data_dir: str, tokenizer, seq_len: int, val_fraction: float,
                 log=print) -> TokenSplits:
-    path = corpus_path(dataset, data_dir, log)
+    path = corpus_path(dataset, data_dir, log)  # no download when it is already there
     try:
         with open(path, encoding="utf-8") as fh:
             text = fh.read()

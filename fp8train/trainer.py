@@ -11,9 +11,9 @@ import torch
 
 from . import config as config_mod
 from .batching import BatchPlan, manual_plan
-from .checkpoint import CheckpointManager, TrainState, resolve_resume
+from .checkpoint import CheckpointManager, TrainState, changed_on_resume, resolve_resume
 from .config import Config, ConfigError
-from .data import RandomWindows, build_tokenizer, load_tokens, val_batches
+from .data import RandomWindows, build_tokenizer, corpus_path, load_tokens, val_batches
 from .loss import lm_loss
 from .metrics import MetricsWriter, mfu, peak_flops
 from .model import GPT, model_config_from
@@ -93,6 +93,7 @@ def train(cfg: Config) -> int:
     # --- run directory and resume point ---------------------------------------------------------
     ckpt = CheckpointManager(cfg.output_dir, cfg.keep_checkpoints)
     resume_from = resolve_resume(cfg.resume, ckpt)
+    _ensure_writable_dir(cfg.output_dir, cfg.source)
     log.open(os.path.join(cfg.output_dir, "train.log"))
     log.info(f"fp8train: {cfg.source} -> {cfg.output_dir} "
              f"({accelerator.num_processes} process{'es' if plan.world > 1 else ''}, "
@@ -101,9 +102,8 @@ def train(cfg: Config) -> int:
     # --- data -----------------------------------------------------------------------------------
     set_seed(cfg.seed)  # the same init on every rank
     tokenizer = build_tokenizer(cfg.tokenizer)
-    with accelerator.main_process_first():  # one download, not one per rank
-        splits = load_tokens(cfg.dataset, cfg.data_dir, tokenizer, cfg.seq_len,
-                             cfg.val_fraction, log.info)
+    _fetch_on_rank0_first(accelerator, lambda: corpus_path(cfg.dataset, cfg.data_dir, log.info))
+    splits = load_tokens(cfg.dataset, cfg.data_dir, tokenizer, cfg.seq_len, cfg.val_fraction)
     sched = plan_steps(cfg, len(splits.train), plan)
     sampler = RandomWindows(splits.train, cfg.seq_len, cfg.seed)
     eval_set = val_batches(splits.val, cfg.seq_len, cfg.eval_sequences, plan.micro)
@@ -150,6 +150,10 @@ def train(cfg: Config) -> int:
             first = " ".join(str(e).split())[:300] or type(e).__name__
             raise ConfigError(f"cannot resume from '{resume_from}': it does not match this "
                               f"run's model or optimizer ({first})") from None
+        changed = changed_on_resume(resume_from, config_mod.to_dict(cfg))
+        if changed:
+            log.warn("resuming with settings that differ from the checkpoint's (training "
+                     "continues with the new values): " + ", ".join(changed))
         dropped = metrics.truncate_after(train_state.step)
         log.info(f"resumed from {resume_from} at step {train_state.step:,} "
                  f"({train_state.tokens:,} tokens)"
@@ -165,9 +169,10 @@ def train(cfg: Config) -> int:
                    precision=precision, device=_device_name(device),
                    n_params=n_params, vocab_size=mcfg.vocab_size,
                    padded_vocab_size=mcfg.padded_vocab_size, flops_per_token=flops_per_token)
+    config_text = config_mod.dump_yaml(cfg, derived)
     if accelerator.is_main_process:
         with open(os.path.join(cfg.output_dir, "config.yaml"), "w", encoding="utf-8") as fh:
-            fh.write(config_mod.dump_yaml(cfg, derived))
+            fh.write(config_text)
 
     if train_state.step >= sched.total_steps:
         log.info(f"nothing to do: step {train_state.step:,} already reaches the end "
@@ -176,21 +181,48 @@ def train(cfg: Config) -> int:
         return 0
 
     loop = Loop(cfg, accelerator, model, optimizer, sampler, eval_set, sched, plan,
-                train_state, ckpt, metrics, log, flops_per_token)
+                train_state, ckpt, metrics, log, flops_per_token, config_text)
     loop.run()
     log.close()
     return 0
+
+
+def _ensure_writable_dir(path: str, source: str) -> None:
+    try:
+        os.makedirs(path, exist_ok=True)
+    except OSError as e:
+        raise ConfigError(f"{source}: key 'output_dir': cannot create '{path}': "
+                          f"{e.strerror or e}") from None
+    if not os.access(path, os.W_OK):
+        raise ConfigError(f"{source}: key 'output_dir': '{path}' is not writable")
+
+
+def _fetch_on_rank0_first(accelerator, fetch) -> None:
+    """Run `fetch` (a download, say) on rank 0 while the other ranks wait, then share its
+    error, if any, so that every rank stops with the same message instead of waiting forever
+    at a barrier rank 0 never reaches."""
+    error = None
+    if accelerator.is_main_process:
+        try:
+            fetch()
+        except ConfigError as e:
+            error = str(e)
+    if accelerator.num_processes > 1:
+        from accelerate.utils import broadcast_object_list
+        error = broadcast_object_list([error])[0]
+    if error is not None:
+        raise ConfigError(error)
 
 
 class Loop:
     """The hot loop and what runs at its intervals (log, eval, checkpoint)."""
 
     def __init__(self, cfg, accelerator, model, optimizer, sampler, eval_set, sched, plan,
-                 train_state, ckpt, metrics, log, flops_per_token):
+                 train_state, ckpt, metrics, log, flops_per_token, config_text):
         self.cfg, self.acc, self.model, self.opt = cfg, accelerator, model, optimizer
         self.sampler, self.eval_set, self.sched, self.plan = sampler, eval_set, sched, plan
         self.st, self.ckpt, self.metrics, self.log = train_state, ckpt, metrics, log
-        self.flops_per_token = flops_per_token
+        self.flops_per_token, self.config_text = flops_per_token, config_text
         self.device = accelerator.device
         self.peak = peak_flops(_device_name(self.device)) if self.device.type == "cuda" else None
         self.tokens_per_step = plan.effective * cfg.seq_len
@@ -206,7 +238,8 @@ class Loop:
         # Running sums on the device: read back (a host sync) only at the log interval.
         loss_sum = torch.zeros((), device=self.device)
         penalty_sum = torch.zeros((), device=self.device)
-        interval_steps, interval_t0 = 0, time.perf_counter()
+        interval_steps = 0
+        clock = _TrainClock(self.device)  # training time only: eval and checkpoints excluded
         self.model.train()
         stop_reason = None
         while st.step < self.sched.total_steps:
@@ -238,7 +271,7 @@ class Loop:
                 n = interval_steps * self.plan.accum
                 losses = self.acc.reduce(torch.stack([loss_sum, penalty_sum]) / n, "mean")
                 loss_val, penalty_val = losses.tolist()  # the host sync
-                elapsed = time.perf_counter() - interval_t0
+                elapsed = clock.take()
                 st.train_seconds += elapsed
                 self._log_train(loss_val, penalty_val, lr, float(grad_norm), interval_steps,
                                 elapsed)
@@ -248,13 +281,16 @@ class Loop:
                 if cfg.max_hours is not None and not last and \
                         self._agreed(time.time() - start_time > cfg.max_hours * 3600):
                     stop_reason = f"max_hours ({cfg.max_hours:g}) reached"
-                interval_t0 = time.perf_counter()
-            if st.step % cfg.eval_interval == 0 or last or stop_reason:
-                self._evaluate()
-            if st.step % cfg.checkpoint_interval == 0 or last or stop_reason:
-                path = self.ckpt.save(self.acc, st.step)
-                self.log.file_only(f"checkpoint: {path}")
-                interval_t0 = time.perf_counter()  # don't bill checkpoint time to throughput
+            do_eval = st.step % cfg.eval_interval == 0 or last or stop_reason
+            do_ckpt = st.step % cfg.checkpoint_interval == 0 or last or stop_reason
+            if do_eval or do_ckpt:
+                clock.pause()
+                if do_eval:
+                    self._evaluate()
+                if do_ckpt:
+                    path = self.ckpt.save(self.acc, st.step, self.config_text)
+                    self.log.file_only(f"checkpoint: {path}")
+                clock.resume()
             if stop_reason:
                 break
         self.progress.close()
@@ -343,6 +379,30 @@ class _Progress:
     def close(self) -> None:
         if self.bar is not None:
             self.bar.close()
+
+
+class _TrainClock:
+    """Wall time spent in training steps. Paused around evaluation and checkpoints so that
+    tokens/s and MFU describe training alone. Pausing waits for queued GPU work first (once per
+    eval or checkpoint, never in the hot loop) so that it is billed to training."""
+
+    def __init__(self, device: torch.device):
+        self.device = device
+        self.banked, self.t0 = 0.0, time.perf_counter()
+
+    def pause(self) -> None:
+        if self.device.type == "cuda":
+            torch.cuda.synchronize(self.device)
+        self.banked += time.perf_counter() - self.t0
+
+    def resume(self) -> None:
+        self.t0 = time.perf_counter()
+
+    def take(self) -> float:
+        """Training seconds since the last take(); call after a host sync."""
+        now = time.perf_counter()
+        elapsed, self.banked, self.t0 = self.banked + now - self.t0, 0.0, now
+        return elapsed
 
 
 def _hms(seconds: float) -> str:

@@ -53,7 +53,11 @@ def main(argv=None) -> int:
     ax.legend()
     ax.grid(alpha=0.3)
     fig.tight_layout()
-    fig.savefig(a.output, dpi=100)
+    try:
+        fig.savefig(a.output, dpi=100)
+    except OSError as e:
+        print(f"error: cannot write '{a.output}': {e.strerror or e}", file=sys.stderr)
+        return 2
     print(f"wrote {a.output}")
     return 0
 

@@ -45,3 +45,31 @@ def test_resolve_resume(tmp_path):
     assert resolve_resume(str(tmp_path), m).endswith("step_0000005")  # a run directory
     with pytest.raises(ConfigError, match="not a checkpoint directory"):
         resolve_resume(str(tmp_path / "checkpoints"), m)
+
+
+def test_changed_on_resume_reports_only_keys_that_change_training(tmp_path):
+    from fp8train import config as C
+    from fp8train.checkpoint import CONFIG_NAME, changed_on_resume
+    cfg = C.load_config(["--max_steps=100", "--warmup_steps=10"])
+    (tmp_path / CONFIG_NAME).write_text(C.dump_yaml(cfg, {"world_size": 1}))
+    now = C.to_dict(cfg)
+    assert changed_on_resume(str(tmp_path), now) == []
+    now.update(max_steps=200, log_interval=1, learning_rate=1e-3, seed=7)
+    assert changed_on_resume(str(tmp_path), now) == ["seed 1337 -> 7",
+                                                     "learning_rate 0.0006 -> 0.001"]
+    assert changed_on_resume(str(tmp_path / "elsewhere"), now) == []  # older checkpoints
+
+
+def test_train_clock_excludes_paused_time():
+    import time
+    import torch
+    from fp8train.trainer import _TrainClock
+    clock = _TrainClock(torch.device("cpu"))
+    time.sleep(0.05)
+    clock.pause()
+    time.sleep(0.3)  # an evaluation or a checkpoint
+    clock.resume()
+    time.sleep(0.05)
+    took = clock.take()
+    assert 0.09 <= took < 0.25
+    assert clock.take() < 0.05  # take() starts a new interval

@@ -47,6 +47,7 @@ def test_unknown_cli_option_suggests_the_right_one():
     ("penalty_weight: 0.1\n", "penalty_weight"),
     ("max_steps: null\nnum_epochs: null\n", "num_epochs"),
     ("seed: {a: 1}\n", "seed"),
+    ("seed: 4294967296\n", "seed"),
 ])
 def test_bad_values_name_file_and_key(tmp_path, text, key):
     path = write(tmp_path, text)
@@ -152,6 +153,7 @@ BAD_CONFIGS = {
     "empty": ("", "file is empty"),
     "a_list": ("- seed\n- 1\n", "expected a mapping"),
     "nested": ("model:\n  n_layer: 2\n", "key 'model'"),
+    "dataset_missing": ("dataset: /no/such/corpus.txt\n", "key 'dataset'"),
 }
 
 

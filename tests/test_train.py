@@ -120,6 +120,9 @@ def test_existing_checkpoints_are_never_overwritten_silently(tmp_path):
     assert "Traceback" not in r.stderr and len(r.stderr.strip().splitlines()) == 1
     r = run_train(*tiny_args(out, max_steps=6), "--resume=auto")
     assert r.returncode == 0 and "nothing to do" in r.stdout
+    r = run_train(*tiny_args(out, max_steps=8, learning_rate=0.01), "--resume")
+    assert r.returncode == 0 and "differ from the checkpoint's" in r.stderr
+    assert "learning_rate 0.003 -> 0.01" in r.stderr and "max_steps" not in r.stderr
     r = run_train(*tiny_args(out, max_steps=12, n_layer=3), "--resume")  # another model
     assert r.returncode == 2 and "cannot resume from" in r.stderr and "Traceback" not in r.stderr
     assert len(r.stderr.strip().splitlines()) == 1
@@ -217,3 +220,26 @@ def test_compiled_model_trains_and_checkpoints_like_eager(tmp_path):
                                [x["val/loss"] for x in rows(b) if "val/loss" in x], rtol=1e-3)
     r = run_train(*tiny_args(b, max_steps=8, eval_interval=4), "--resume")  # eager resume
     assert r.returncode == 0 and "at step 4" in r.stdout
+
+
+def test_a_data_error_on_rank_0_stops_every_rank(tmp_path):
+    """Rank 0 fetches the corpus while the others wait; when it fails, all ranks get the error
+    (no rank left waiting at a barrier)."""
+    import subprocess
+    import sys
+    env = dict(os.environ, FP8TRAIN_OFFLINE="1")
+    r = subprocess.run([sys.executable, "-m", "torch.distributed.run", "--nproc_per_node", "2",
+                        "train_fp8.py", *tiny_args(tmp_path / "run",
+                                                   data_dir=tmp_path / "nothing-here")],
+                       cwd=ROOT, env=env, capture_output=True, text=True, timeout=120)
+    assert r.returncode != 0
+    assert "error: dataset 'tinyshakespeare' not found" in r.stderr
+    assert "exitcode  : 2" in r.stderr  # rank 0 exited through the one-line error path
+
+
+def test_output_dir_that_cannot_be_created_exits_2(tmp_path):
+    blocker = tmp_path / "a-file"
+    blocker.write_text("")
+    r = run_train(*tiny_args(blocker / "run"))
+    assert r.returncode == 2 and "key 'output_dir': cannot create" in r.stderr
+    assert "Traceback" not in r.stderr and len(r.stderr.strip().splitlines()) == 1
