@@ -433,6 +433,8 @@ def validate(cfg: Config) -> None:
     if cfg.n_embd is not None and cfg.n_head is not None and cfg.n_embd % cfg.n_head:
         err(f"key 'n_embd' ({cfg.n_embd}) must be divisible by n_head ({cfg.n_head})")
     if cfg.dataset not in KNOWN_DATASETS and not os.path.isfile(cfg.dataset):
+        if os.path.isdir(cfg.dataset):
+            err(f"key 'dataset': '{cfg.dataset}' is a directory; expected a .txt file")
         looks_like_path = cfg.dataset.endswith(".txt") or os.path.sep in cfg.dataset
         err(f"key 'dataset': file '{cfg.dataset}' not found" if looks_like_path else
             f"key 'dataset': '{cfg.dataset}' is neither a known dataset "

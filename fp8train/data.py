@@ -110,8 +110,6 @@ def corpus_path(dataset: str, data_dir: str, log=print) -> str:
         raise ConfigError(f"dataset '{dataset}' needs prepared token shards under "
                           f"'{os.path.join(data_dir, dataset)}/', and preparing them is not "
                           f"available in this version; use tinyshakespeare or a .txt file")
-    if os.path.isdir(dataset):
-        raise ConfigError(f"key 'dataset': '{dataset}' is a directory; expected a .txt file")
     if not os.path.isfile(dataset):
         raise ConfigError(f"key 'dataset': file '{dataset}' not found")
     return dataset

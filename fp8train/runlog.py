@@ -1,7 +1,6 @@
 """Rank-0 console output mirrored into <output_dir>/train.log."""
 from __future__ import annotations
 
-import os
 import sys
 import time
 
@@ -12,8 +11,7 @@ class RunLog:
         self._file = None
 
     def open(self, path: str) -> None:
-        if self.is_main:
-            os.makedirs(os.path.dirname(path) or ".", exist_ok=True)
+        if self.is_main:  # the trainer has created and checked the directory
             self._file = open(path, "a", buffering=1, encoding="utf-8")
 
     def _write_file(self, msg: str) -> None:
