@@ -135,6 +135,16 @@ class Config:
     fp8_fallback: str = _key("bf16", "when FP8 cannot run: bf16 (warn) | error (exit 2)", "fp8",
                              choices=("bf16", "error"))
     fp8_eval: bool = _key(False, "evaluate in FP8 too (default: bf16)", "fp8")
+    fp8_recipe: str = _key(
+        "tensorwise", "torchao scaling recipe: tensorwise | rowwise | rowwise_with_gw_hp", "fp8",
+        choices=("tensorwise", "rowwise", "rowwise_with_gw_hp"))
+    fp8_min_layer_size: int = _key(
+        0, "convert only Linears with at least this many weights (in x out); FP8 pays off "
+        "on large GEMMs only", "fp8", min=0)
+    fp8_exclude: list = _key(["lm_head"], "Linears kept out of FP8 (name patterns, * wildcard)",
+                             "fp8")
+    fp8_log_layers: bool = _key(True, "log fp8/<layer>/... scales per layer (aggregates always)",
+                                "fp8")
     # --- logging ---------------------------------------------------------------------------
     log_interval: int = _key(10, "optimizer steps between log lines / metrics.jsonl rows",
                              "logging", min=1)
@@ -439,6 +449,9 @@ def validate(cfg: Config) -> None:
         err(f"key 'dataset': file '{cfg.dataset}' not found" if looks_like_path else
             f"key 'dataset': '{cfg.dataset}' is neither a known dataset "
             f"({', '.join(KNOWN_DATASETS)}) nor a path to a .txt file")
+    if cfg.use_fp8 and cfg.seq_len % 16:
+        err(f"key 'seq_len' ({cfg.seq_len}) must be a multiple of 16 with use_fp8: FP8 GEMMs "
+            "need the token dimension divisible by 16")
     if cfg.resume not in ("never", "auto") and not os.path.exists(cfg.resume):
         err(f"key 'resume': checkpoint '{cfg.resume}' not found (use auto, never or a path)")
 
@@ -447,18 +460,12 @@ def not_implemented(cfg: Config) -> list[str]:
     """Features the schema accepts but this version cannot run. A run that asks for them
     stops with exit 2 instead of pretending."""
     missing = []
-    if cfg.use_fp8:
-        missing.append(f"use_fp8 (fp8_backend '{cfg.fp8_backend}'): FP8 training is not "
-                       "available in this version; use --no_fp8")
     if cfg.auto_batch_size:
         missing.append("auto_batch_size: batch discovery is not available in this version; set "
                        "auto_batch_size: false with batch_size (and gradient_accumulation_steps)")
     if cfg.use_wandb:
         missing.append("use_wandb: W&B logging is not available in this version; use "
                        "--no_wandb (metrics.jsonl is always written)")
-    if cfg.precision == "fp16":
-        missing.append("precision fp16 (with loss scaling) is not available in this version; "
-                       "use bf16 or fp32")
     return missing
 
 

@@ -183,6 +183,9 @@ class GPT(nn.Module):
         # state dict holds no aliased tensors (safetensors refuses those).
         self.lm_head = None if cfg.tie_embeddings else nn.Linear(cfg.n_embd, V, bias=False)
         self.activation_checkpointing = False
+        # How a block is recomputed in backward. A precision backend whose layers carry state
+        # across the recompute (Transformer Engine's FP8 scales) swaps in its own.
+        self.checkpoint_fn = _recompute_in_backward
         self.apply(self._init_weights)
         # GPT-2: scale the residual projections by 1/sqrt(2 * n_layer) so the residual stream's
         # variance does not grow with depth.
@@ -205,7 +208,7 @@ class GPT(nn.Module):
         x = self.drop(x)
         for block in self.blocks:
             if self.activation_checkpointing and self.training:
-                x = checkpoint(block, x, use_reentrant=False)
+                x = self.checkpoint_fn(block, x)
             else:
                 x = block(x)
         x = self.norm_f(x)
@@ -230,3 +233,7 @@ class GPT(nn.Module):
         if self.lm_head is None:
             matmul_params += self.wte.weight.numel()
         return 6.0 * matmul_params + 12.0 * c.n_layer * c.n_embd * c.block_size
+
+
+def _recompute_in_backward(block: nn.Module, x: torch.Tensor) -> torch.Tensor:
+    return checkpoint(block, x, use_reentrant=False)

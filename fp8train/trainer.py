@@ -17,19 +17,9 @@ from .data import RandomWindows, build_tokenizer, corpus_path, load_tokens, val_
 from .loss import lm_loss
 from .metrics import MetricsWriter, mfu, peak_flops
 from .model import GPT, model_config_from
+from .precision import Precision, build_precision
 from .runlog import RunLog
 from .schedule import lr_at
-
-
-def resolve_precision(cfg: Config) -> str:
-    """The precision this run really uses: 'bf16' or 'fp32'."""
-    cuda = torch.cuda.is_available()
-    if cfg.precision == "auto":
-        return "bf16" if cuda and torch.cuda.is_bf16_supported() else "fp32"
-    if cfg.precision == "bf16" and cuda and not torch.cuda.is_bf16_supported():
-        raise ConfigError(f"{cfg.source}: key 'precision': bf16 is not supported on "
-                          f"{torch.cuda.get_device_name()}; use fp32")
-    return cfg.precision
 
 
 def build_optimizer(model: torch.nn.Module, cfg: Config, fused: bool) -> torch.optim.AdamW:
@@ -79,25 +69,28 @@ def train(cfg: Config) -> int:
     state = PartialState(cpu=cpu)
     log = RunLog(state.is_main_process)
     plan = manual_plan(cfg, state.num_processes)
-    precision = resolve_precision(cfg)
-    if torch.cuda.is_available() and cfg.tf32:
-        torch.backends.cuda.matmul.allow_tf32 = True
-        torch.backends.cudnn.allow_tf32 = True
-    accelerator = Accelerator(
-        cpu=cpu,
-        mixed_precision="bf16" if precision == "bf16" else "no",
-        gradient_accumulation_steps=plan.accum,
-        step_scheduler_with_optimizer=False)
-    device = accelerator.device
 
     # --- run directory and resume point ---------------------------------------------------------
     ckpt = CheckpointManager(cfg.output_dir, cfg.keep_checkpoints)
     resume_from = resolve_resume(cfg.resume, ckpt)
     _ensure_writable_dir(cfg.output_dir, cfg.source)
     log.open(os.path.join(cfg.output_dir, "train.log"))
+
+    # --- precision and accelerator -------------------------------------------------------------
+    prec = build_precision(cfg, state.device, log.warn)
+    if torch.cuda.is_available() and cfg.tf32:
+        torch.backends.cuda.matmul.allow_tf32 = True
+        torch.backends.cudnn.allow_tf32 = True
+    accelerator = Accelerator(
+        cpu=cpu,
+        gradient_accumulation_steps=plan.accum,
+        step_scheduler_with_optimizer=False,
+        **prec.accelerator_kwargs())
+    device = accelerator.device
+
     log.info(f"fp8train: {cfg.source} -> {cfg.output_dir} "
              f"({accelerator.num_processes} process{'es' if plan.world > 1 else ''}, "
-             f"{_device_name(device)}, {precision})")
+             f"{_device_name(device)}, {prec.name})")
 
     # --- data -----------------------------------------------------------------------------------
     set_seed(cfg.seed)  # the same init on every rank
@@ -126,8 +119,13 @@ def train(cfg: Config) -> int:
              f"{mcfg.n_head} heads), {n_params / 1e6:.2f}M parameters "
              f"({model.num_params(exclude_embeddings=True) / 1e6:.2f}M non-embedding), "
              f"vocab {mcfg.vocab_size:,} padded to {mcfg.padded_vocab_size:,}")
+    model = prec.convert(model.to(device))
+    if prec.fp8:
+        log.info(prec.selection.describe())
+        log.info(prec.describe())
     optimizer = build_optimizer(model, cfg, fused=device.type == "cuda")
     model, optimizer = accelerator.prepare(model, optimizer)
+    prec.after_prepare(accelerator)
     if cfg.compile:
         model = torch.compile(model)
     train_state = TrainState()
@@ -166,7 +164,7 @@ def train(cfg: Config) -> int:
                    world_size=plan.world, effective_batch_size=plan.effective,
                    tokens_per_step=plan.effective * cfg.seq_len, total_steps=sched.total_steps,
                    lr_schedule_steps=sched.lr_steps, steps_per_epoch=sched.steps_per_epoch,
-                   precision=precision, device=_device_name(device),
+                   **prec.derived(), device=_device_name(device),
                    n_params=n_params, vocab_size=mcfg.vocab_size,
                    padded_vocab_size=mcfg.padded_vocab_size, flops_per_token=flops_per_token)
     config_text = config_mod.dump_yaml(cfg, derived)
@@ -180,7 +178,7 @@ def train(cfg: Config) -> int:
         log.close()
         return 0
 
-    loop = Loop(cfg, accelerator, model, optimizer, sampler, eval_set, sched, plan,
+    loop = Loop(cfg, accelerator, prec, model, optimizer, sampler, eval_set, sched, plan,
                 train_state, ckpt, metrics, log, flops_per_token, config_text)
     loop.run()
     log.close()
@@ -217,9 +215,10 @@ def _fetch_on_rank0_first(accelerator, fetch) -> None:
 class Loop:
     """The hot loop and what runs at its intervals (log, eval, checkpoint)."""
 
-    def __init__(self, cfg, accelerator, model, optimizer, sampler, eval_set, sched, plan,
-                 train_state, ckpt, metrics, log, flops_per_token, config_text):
-        self.cfg, self.acc, self.model, self.opt = cfg, accelerator, model, optimizer
+    def __init__(self, cfg, accelerator, prec: Precision, model, optimizer, sampler, eval_set,
+                 sched, plan, train_state, ckpt, metrics, log, flops_per_token, config_text):
+        self.cfg, self.acc, self.prec, self.model, self.opt = cfg, accelerator, prec, model, \
+            optimizer
         self.sampler, self.eval_set, self.sched, self.plan = sampler, eval_set, sched, plan
         self.st, self.ckpt, self.metrics, self.log = train_state, ckpt, metrics, log
         self.flops_per_token, self.config_text = flops_per_token, config_text
@@ -246,6 +245,9 @@ class Loop:
             lr = lr_at(st.step, **self.lr_args)
             for group in self.opt.param_groups:
                 group["lr"] = lr
+            logged = (st.step + 1) % cfg.log_interval == 0 or st.step + 1 == self.sched.total_steps
+            if logged:
+                self.prec.watch(True)  # scale statistics on logged steps only
             # This rank's slice of the step's sequences, one micro-batch at a time.
             first = st.data_position + self.rank_offset
             for m in range(self.plan.accum):
@@ -253,9 +255,11 @@ class Loop:
                 x = x.to(self.device, non_blocking=True)
                 y = y.to(self.device, non_blocking=True)
                 with self.acc.accumulate(self.model):  # no_sync except on the last micro-step
-                    loss, ce, penalty = lm_loss(self.model(x), y, cfg.penalty_type,
-                                                cfg.penalty_weight)
+                    with self.prec.forward_context(training=True):
+                        logits = self.model(x)
+                    loss, ce, penalty = lm_loss(logits, y, cfg.penalty_type, cfg.penalty_weight)
                     self.acc.backward(loss)            # divides by the accumulation steps
+                self.prec.after_backward()
                 loss_sum += ce.detach()
                 penalty_sum += penalty.detach()
             grad_norm = self.acc.clip_grad_norm_(self.model.parameters(), self.max_norm)
@@ -273,8 +277,12 @@ class Loop:
                 loss_val, penalty_val = losses.tolist()  # the host sync
                 elapsed = clock.take()
                 st.train_seconds += elapsed
+                extra = self.prec.stats()             # rank 0's scales, read in one go
+                self.prec.watch(False)
+                if extra:
+                    extra = dict(zip(extra, torch.stack(list(extra.values())).tolist()))
                 self._log_train(loss_val, penalty_val, lr, float(grad_norm), interval_steps,
-                                elapsed)
+                                elapsed, extra)
                 loss_sum.zero_()
                 penalty_sum.zero_()
                 interval_steps = 0
@@ -306,7 +314,7 @@ class Loop:
         from accelerate.utils import broadcast
         return bool(broadcast(torch.tensor([int(flag)], device=self.device)).item())
 
-    def _log_train(self, loss, penalty, lr, grad_norm, steps, elapsed) -> None:
+    def _log_train(self, loss, penalty, lr, grad_norm, steps, elapsed, extra) -> None:
         st = self.st
         tok_s = self.tokens_per_step * steps / elapsed if elapsed > 0 else 0.0
         per_dev = tok_s / self.plan.world
@@ -321,6 +329,7 @@ class Loop:
         if self.device.type == "cuda":
             row["system/gpu_memory_allocated_gb"] = torch.cuda.memory_allocated() / 1e9
             row["system/gpu_memory_peak_gb"] = torch.cuda.max_memory_allocated() / 1e9
+        row.update(extra or {})
         self.metrics.write(row)
         self.progress.update(st.step, row)
 
@@ -331,7 +340,9 @@ class Loop:
         for i, (x, y) in enumerate(self.eval_set):
             if i % self.acc.num_processes != self.acc.process_index:
                 continue
-            _, ce, _ = lm_loss(self.model(x.to(self.device)), y.to(self.device))
+            with self.prec.forward_context(training=False):
+                logits = self.model(x.to(self.device))
+            _, ce, _ = lm_loss(logits, y.to(self.device))
             total += torch.stack([ce * y.numel(), torch.tensor(float(y.numel()),
                                                                 device=self.device)])
         total = self.acc.reduce(total, "sum")

@@ -68,6 +68,10 @@ def test_demo_config_trains_well_below_the_unigram_baseline(tmp_path):
     assert final["val/ppl"] == pytest.approx(math.exp(final["val/loss"]), rel=1e-6)
     assert train[-1]["train/loss"] < train[0]["train/loss"]
     assert cfg["derived"]["precision"] == "fp32" and cfg["derived"]["world_size"] == 1
+    # The demo trains its Linears in FP8 (native backend, emulated here) and logs the scales.
+    assert cfg["derived"]["fp8"] == "native (emulated on CPU)"
+    assert cfg["derived"]["fp8_layers"] == 16
+    assert all({"fp8/fwd_scale", "fp8/bwd_scale", "fp8/amax"} <= set(x) for x in train)
     ckpt = out / "checkpoints"
     latest = (ckpt / "latest").read_text().strip()
     assert latest == f"step_{final['step']:07d}"
@@ -150,7 +154,6 @@ def test_penalty_is_logged_separately(tmp_path):
 
 
 @pytest.mark.parametrize("extra,expected", [
-    (["--use_fp8"], "use_fp8"),
     (["--auto_batch_size", "--target_effective_batch_size=16"], "auto_batch_size"),
     (["--use_wandb"], "use_wandb"),
     (["--dataset=openwebtext"], "dataset 'openwebtext' needs prepared token shards"),

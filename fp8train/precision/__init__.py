@@ -1,0 +1,60 @@
+"""Precision backends, chosen by name from the config and applied from outside the model.
+
+    fp32, bf16, fp16                  the run's base precision (key `precision`)
+    te, torchao, native               FP8 for the selected Linears (keys use_fp8, fp8_backend),
+                                      with the base precision everywhere else
+
+`build_precision` picks one, checks it can run on this device, and falls back (one loud
+warning) or stops (exit 2) when it cannot, as `fp8_fallback` says."""
+from __future__ import annotations
+
+from typing import Callable
+
+import torch
+
+from ..config import Config, ConfigError
+from .base import Precision
+from .plain import BF16, FP16, FP32
+
+BASE = {"fp32": FP32, "bf16": BF16, "fp16": FP16}
+
+
+def _fp8_backends() -> dict:
+    from .ao import TorchAO
+    from .native import Native
+    from .te import TransformerEngine
+    return {"te": TransformerEngine, "torchao": TorchAO, "native": Native}
+
+
+def base_precision(cfg: Config, device: torch.device) -> Precision:
+    name = cfg.precision
+    if name == "auto":
+        cuda_bf16 = device.type == "cuda" and torch.cuda.is_bf16_supported()
+        name = "bf16" if cuda_bf16 else "fp32"
+    prec = BASE[name]()
+    reason = prec.unavailable(device)
+    if reason:
+        raise ConfigError(f"{cfg.source}: key 'precision': {reason}; use "
+                          f"{'bf16 or ' if name != 'bf16' else ''}fp32")
+    return prec
+
+
+def build_precision(cfg: Config, device: torch.device, warn: Callable[[str], None]) -> Precision:
+    base = base_precision(cfg, device)
+    if not cfg.use_fp8:
+        return base
+    backend = _fp8_backends()[cfg.fp8_backend](cfg, base)
+    reason = backend.unavailable(device)
+    if reason is None:
+        return backend
+    if cfg.fp8_fallback == "error":
+        raise ConfigError(f"{cfg.source}: key 'fp8_backend': '{cfg.fp8_backend}' cannot run "
+                          f"here: {reason} (fp8_fallback: error; fp8_fallback: bf16 trains "
+                          "without FP8 instead)")
+    warn(f"FP8 backend '{cfg.fp8_backend}' cannot run here: {reason}. Training WITHOUT FP8, "
+         f"in {base.name} (fp8_fallback: bf16; set fp8_fallback: error to stop instead)")
+    base.fallback_from = f"{cfg.fp8_backend}: {reason}"
+    return base
+
+
+__all__ = ["Precision", "build_precision", "base_precision", "BASE"]

@@ -1,0 +1,174 @@
+"""What a precision backend is to the training loop.
+
+A backend is applied from outside the model (as torchtitan's model converters are): it tells
+Accelerate which mixed precision to run, converts the model before `prepare()`, wraps each
+forward pass in whatever context it needs, and reports its scale factors at the log interval.
+The loop calls these hooks and never asks which backend it has."""
+from __future__ import annotations
+
+import contextlib
+from collections import OrderedDict
+from typing import Optional
+
+import torch
+from torch import nn
+
+
+class Precision:
+    name = "fp32"                 # what config.yaml and the logs call it
+    mixed_precision = "no"        # Accelerator(mixed_precision=...)
+    fp8 = False
+    fallback_from: Optional[str] = None  # set when FP8 was asked for and could not run
+
+    def unavailable(self, device: torch.device) -> Optional[str]:
+        """Why this backend cannot run on `device`, or None when it can."""
+        return None
+
+    def accelerator_kwargs(self) -> dict:
+        return {"mixed_precision": self.mixed_precision}
+
+    def convert(self, model: nn.Module) -> nn.Module:
+        """Change the model in place before Accelerate prepares it; returns it."""
+        return model
+
+    def after_prepare(self, accelerator) -> None:
+        """Called once the model and optimizer went through accelerator.prepare()."""
+
+    def forward_context(self, training: bool):
+        """Entered around every forward pass (training=False: evaluation)."""
+        return contextlib.nullcontext()
+
+    def after_backward(self) -> None:
+        """Called after each micro-batch's backward (delayed-scaling updates live here)."""
+
+    def watch(self, on: bool) -> None:
+        """Record scale statistics during the next steps (on) or stop recording (off). Only the
+        steps that are logged are watched, so other steps pay nothing."""
+
+    def stats(self) -> "OrderedDict[str, torch.Tensor]":
+        """Metric name -> 0-d device tensor for the watched step; read with one host sync."""
+        return OrderedDict()
+
+    def describe(self) -> str:
+        return self.name
+
+    def derived(self) -> dict:
+        """What config.yaml (and W&B) record as the precision actually used."""
+        return {"precision": self.name,
+                "fp8": f"off (fallback: {self.fallback_from})" if self.fallback_from else "off"}
+
+
+class LayerStats:
+    """Per-layer FP8 statistics recorded during a watched step, and their aggregates.
+
+    Per layer: fwd_scale_input, fwd_scale_weight, bwd_scale_grad_output, amax_input,
+    amax_weight, amax_grad_output, and saturated_/underflow_ fractions for the three tensors.
+    Aggregates: fp8/fwd_scale and fp8/bwd_scale are geometric means over layers (scales span
+    orders of magnitude), fp8/amax the largest input amax, fp8/saturated and fp8/underflow the
+    mean fractions over every sampled tensor."""
+
+    def __init__(self, per_layer: bool = True):
+        self.per_layer = per_layer
+        self.rows: "OrderedDict[str, dict]" = OrderedDict()
+
+    def record(self, layer: str, **values: torch.Tensor) -> None:
+        self.rows.setdefault(layer, {}).update(
+            {k: v.detach().float().reshape(()) for k, v in values.items()})
+
+    def clear(self) -> None:
+        self.rows.clear()
+
+    def collect(self) -> "OrderedDict[str, torch.Tensor]":
+        out: "OrderedDict[str, torch.Tensor]" = OrderedDict()
+        if not self.rows:
+            return out
+        fwd, bwd, amax, sat, under = [], [], [], [], []
+        for layer, vals in self.rows.items():
+            if self.per_layer:
+                for k, v in vals.items():
+                    out[f"fp8/{layer}/{k}"] = v
+            fwd += [vals[k] for k in ("fwd_scale_input", "fwd_scale_weight") if k in vals]
+            bwd += [vals[k] for k in ("bwd_scale_grad_output",) if k in vals]
+            amax += [vals[k] for k in ("amax_input",) if k in vals]
+            sat += [v for k, v in vals.items() if k.startswith("saturated_")]
+            under += [v for k, v in vals.items() if k.startswith("underflow_")]
+        agg = OrderedDict()
+        if fwd:
+            agg["fp8/fwd_scale"] = _geomean(fwd)
+        if bwd:
+            agg["fp8/bwd_scale"] = _geomean(bwd)
+        if amax:
+            agg["fp8/amax"] = torch.stack(amax).max()
+        if sat:
+            agg["fp8/saturated"] = torch.stack(sat).mean()
+        if under:
+            agg["fp8/underflow"] = torch.stack(under).mean()
+        agg.update(out)
+        return agg
+
+
+def _geomean(values: list) -> torch.Tensor:
+    v = torch.stack(values).clamp_min(torch.finfo(torch.float32).tiny)
+    return torch.exp(torch.log(v).mean())
+
+
+class Fp8Backend(Precision):
+    """What the FP8 backends share: the base precision for everything that is not converted,
+    the layer selection, the hardware gate, and a recorder of scale statistics (anything with
+    watch(on) and a LayerStats `stats`)."""
+    fp8 = True
+    label = "fp8"
+
+    def __init__(self, cfg, base: Precision):
+        self.cfg, self.base = cfg, base
+        self.mixed_precision = base.mixed_precision
+        self.name = f"fp8-{self.label} ({base.name} elsewhere)"
+        self.emulate = False      # CPU: FP8 GEMMs emulated in fp32
+        self.selection = None
+        self.recorder = None
+
+    def select(self, model: nn.Module):
+        from .layers import select_linears
+        self.selection = select_linears(model, self.cfg.fp8_min_layer_size, self.cfg.fp8_exclude)
+        return self.selection.chosen
+
+    def device_gate(self, device: torch.device, cpu_emulation: bool) -> Optional[str]:
+        if device.type == "cuda":
+            return cuda_fp8_gate(device)
+        if device.type == "cpu" and cpu_emulation:
+            self.emulate = True
+            return None
+        return f"{self.label} FP8 needs a CUDA GPU" if device.type == "cpu" else \
+            f"no FP8 on {device.type}"
+
+    @contextlib.contextmanager
+    def forward_context(self, training: bool):
+        if training or self.cfg.fp8_eval:
+            yield
+        else:
+            with self.high_precision():
+                yield
+
+    def high_precision(self):
+        """A context in which the converted layers compute like plain Linears (evaluation)."""
+        raise NotImplementedError
+
+    def watch(self, on: bool) -> None:
+        self.recorder.watch(on)
+
+    def stats(self) -> "OrderedDict[str, torch.Tensor]":
+        return self.recorder.stats.collect()
+
+    def derived(self) -> dict:
+        emulated = " (emulated on CPU)" if self.emulate else ""
+        return {"precision": self.base.name, "fp8": self.label + emulated,
+                "fp8_layers": len(self.selection.chosen)}
+
+
+def cuda_fp8_gate(device: torch.device) -> Optional[str]:
+    """FP8 tensor cores exist from compute capability 8.9 (Ada, Hopper) on."""
+    cap = torch.cuda.get_device_capability(device)
+    if cap < (8, 9):
+        return (f"FP8 needs compute capability 8.9 or newer (H100/H200, L40, RTX 4090); "
+                f"{torch.cuda.get_device_name(device)} is {cap[0]}.{cap[1]}")
+    return None
