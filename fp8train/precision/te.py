@@ -99,7 +99,7 @@ class TransformerEngine(Fp8Backend):
     def forward_context(self, training: bool):
         enabled = training or self.cfg.fp8_eval
         autocast = getattr(self.te, "autocast", None)
-        if autocast is not None:                       # TE >= 2.8
+        if autocast is not None:                       # newer TE; fp8_autocast is deprecated
             ctx = autocast(enabled=enabled, recipe=self.recipe)
         else:
             ctx = self.te.fp8_autocast(enabled=enabled, fp8_recipe=self.recipe)
