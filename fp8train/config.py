@@ -46,6 +46,8 @@ class Config:
     resume: str = _key(
         "never", "never | auto (latest complete checkpoint in output_dir) | a checkpoint path; "
         "a bare --resume means auto", "run")
+    plan_only: bool = _key(False, "print the batch plan (probing if needed) and exit; also "
+                           "--plan-only / --dry_run", "run")
     seed: int = _key(1337, "seed for init, data order and dropout", "run", min=0,
                      max=2**31 - 1)
     # --- data ------------------------------------------------------------------------------
@@ -88,6 +90,16 @@ class Config:
     auto_batch_size: bool = _key(False, "discover the largest micro-batch that fits at start",
                                  "batch")
     max_batch_size: int = _key(128, "ceiling for the discovered micro-batch", "batch", min=1)
+    memory_headroom: float = _key(
+        0.1, "fraction of device memory the discovered micro-batch leaves free (fragmentation "
+        "on long runs)", "batch", min=0.0, max=0.9)
+    probe_memory_limit_gb: Optional[float] = _key(
+        None, "memory budget per device for batch discovery; default the GPU's memory (CPU: "
+        "available RAM)", "batch", gt=0.0)
+    batch_cache_dir: Optional[str] = _key(
+        None, "where discovered micro-batches are cached (batch_probe.json); default output_dir",
+        "batch")
+    reprobe: bool = _key(False, "ignore the cached micro-batch and probe again", "batch")
     # --- optimizer -------------------------------------------------------------------------
     learning_rate: float = _key(6e-4, "peak learning rate (after warmup)", "optimizer", gt=0.0)
     min_lr_ratio: float = _key(0.1, "final LR as a fraction of learning_rate (cosine decay)",
@@ -101,6 +113,12 @@ class Config:
     beta1: float = _key(0.9, "AdamW beta1", "optimizer", min=0.0, max=0.9999)
     beta2: float = _key(0.95, "AdamW beta2", "optimizer", min=0.0, max=0.99999)
     adam_eps: float = _key(1e-8, "AdamW epsilon", "optimizer", gt=0.0)
+    lr_scaling: str = _key(
+        "none", "scale learning_rate with the effective batch: none | sqrt | linear "
+        "(x (effective / lr_reference_batch_size)^0.5 or ^1)", "optimizer",
+        choices=("none", "sqrt", "linear"))
+    lr_reference_batch_size: Optional[int] = _key(
+        None, "the effective batch (sequences) learning_rate was tuned for", "optimizer", min=1)
     grad_clip: float = _key(1.0, "clip the global gradient norm to this (0 = off)",
                             "optimizer", min=0.0)
     # --- duration --------------------------------------------------------------------------
@@ -325,7 +343,8 @@ def apply_mapping(values: dict, data: dict, source: str) -> None:
 # ----------------------------------------------------------------------------------------------
 
 # Friendly spellings the documentation shows; each maps to (key, value).
-FLAG_ALIASES = {"no_fp8": ("use_fp8", False), "no_wandb": ("use_wandb", False)}
+FLAG_ALIASES = {"no_fp8": ("use_fp8", False), "no_wandb": ("use_wandb", False),
+                "dry_run": ("plan_only", True)}
 # Keys that may be given as a bare flag, and the value a bare flag means.
 BARE_FLAG_VALUE = {"resume": "auto"}
 _BOOL_WORDS = {"true": True, "false": False, "1": True, "0": False, "yes": True, "no": False,
@@ -438,6 +457,11 @@ def validate(cfg: Config) -> None:
             f"choose z_loss or logit_l2")
     if cfg.auto_batch_size and cfg.target_effective_batch_size is None:
         err("key 'auto_batch_size' needs target_effective_batch_size")
+    if cfg.auto_batch_size and cfg.gradient_accumulation_steps is not None:
+        err("key 'gradient_accumulation_steps' is derived when auto_batch_size is true; remove "
+            "it (or set auto_batch_size: false)")
+    if cfg.lr_scaling != "none" and cfg.lr_reference_batch_size is None:
+        err(f"key 'lr_scaling' is '{cfg.lr_scaling}' but lr_reference_batch_size is not set")
     if cfg.n_kv_head is not None and cfg.n_head is not None and cfg.n_head % cfg.n_kv_head:
         err(f"key 'n_kv_head' ({cfg.n_kv_head}) must divide n_head ({cfg.n_head})")
     if cfg.n_embd is not None and cfg.n_head is not None and cfg.n_embd % cfg.n_head:
@@ -460,9 +484,6 @@ def not_implemented(cfg: Config) -> list[str]:
     """Features the schema accepts but this version cannot run. A run that asks for them
     stops with exit 2 instead of pretending."""
     missing = []
-    if cfg.auto_batch_size:
-        missing.append("auto_batch_size: batch discovery is not available in this version; set "
-                       "auto_batch_size: false with batch_size (and gradient_accumulation_steps)")
     if cfg.use_wandb:
         missing.append("use_wandb: W&B logging is not available in this version; use "
                        "--no_wandb (metrics.jsonl is always written)")

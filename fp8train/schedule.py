@@ -22,3 +22,15 @@ def lr_at(step: int, *, max_lr: float, warmup_steps: int, total_steps: int,
         return min_lr
     progress = (step - warmup_steps) / max(1, last - warmup_steps)
     return min_lr + 0.5 * (max_lr - min_lr) * (1.0 + math.cos(math.pi * progress))
+
+
+def scaled_lr(lr: float, rule: str, effective_batch: int, reference_batch) -> tuple:
+    """(peak LR for this effective batch, a line saying so or ''). sqrt suits Adam-style
+    optimizers (the noise scale argument); linear is Goyal et al.'s rule for SGD."""
+    if rule == "none" or reference_batch is None or effective_batch == reference_batch:
+        return lr, ""
+    ratio = effective_batch / reference_batch
+    scaled = lr * (math.sqrt(ratio) if rule == "sqrt" else ratio)
+    how = f"sqrt({effective_batch}/{reference_batch})" if rule == "sqrt" else \
+        f"{effective_batch}/{reference_batch}"
+    return scaled, f"learning rate: {lr:g} × {how} = {scaled:.4g} (lr_scaling: {rule})"

@@ -1,6 +1,7 @@
 """The training loop on Accelerate: build everything once, then a short hot loop."""
 from __future__ import annotations
 
+import dataclasses
 import math
 import os
 import sys
@@ -9,6 +10,7 @@ from dataclasses import dataclass
 
 import torch
 
+from . import autobatch
 from . import config as config_mod
 from .batching import BatchPlan, manual_plan
 from .checkpoint import CheckpointManager, TrainState, changed_on_resume, resolve_resume
@@ -19,7 +21,7 @@ from .metrics import MetricsWriter, mfu, peak_flops
 from .model import GPT, model_config_from
 from .precision import Precision, build_precision
 from .runlog import RunLog
-from .schedule import lr_at
+from .schedule import lr_at, scaled_lr
 
 
 def build_optimizer(model: torch.nn.Module, cfg: Config, fused: bool) -> torch.optim.AdamW:
@@ -68,13 +70,18 @@ def train(cfg: Config) -> int:
     cpu = not torch.cuda.is_available()
     state = PartialState(cpu=cpu)
     log = RunLog(state.is_main_process)
-    plan = manual_plan(cfg, state.num_processes)
+    if cfg.auto_batch_size:   # discovered once the model is known; the target is checked now
+        plan = None
+        autobatch.check_target(cfg, state.num_processes)
+    else:
+        plan = manual_plan(cfg, state.num_processes)
 
     # --- run directory and resume point ---------------------------------------------------------
     ckpt = CheckpointManager(cfg.output_dir, cfg.keep_checkpoints)
-    resume_from = resolve_resume(cfg.resume, ckpt)
+    resume_from = None if cfg.plan_only else resolve_resume(cfg.resume, ckpt)
     _ensure_writable_dir(cfg.output_dir, cfg.source)
-    log.open(os.path.join(cfg.output_dir, "train.log"))
+    if not cfg.plan_only:
+        log.open(os.path.join(cfg.output_dir, "train.log"))
 
     # --- precision and accelerator -------------------------------------------------------------
     prec = build_precision(cfg, state.device, log.warn)
@@ -83,13 +90,13 @@ def train(cfg: Config) -> int:
         torch.backends.cudnn.allow_tf32 = True
     accelerator = Accelerator(
         cpu=cpu,
-        gradient_accumulation_steps=plan.accum,
+        gradient_accumulation_steps=plan.accum if plan else 1,
         step_scheduler_with_optimizer=False,
         **prec.accelerator_kwargs())
     device = accelerator.device
 
     log.info(f"fp8train: {cfg.source} -> {cfg.output_dir} "
-             f"({accelerator.num_processes} process{'es' if plan.world > 1 else ''}, "
+             f"({accelerator.num_processes} process{'es' if state.num_processes > 1 else ''}, "
              f"{_device_name(device)}, {prec.name})")
 
     # --- data -----------------------------------------------------------------------------------
@@ -97,13 +104,8 @@ def train(cfg: Config) -> int:
     tokenizer = build_tokenizer(cfg.tokenizer)
     _fetch_on_rank0_first(accelerator, lambda: corpus_path(cfg.dataset, cfg.data_dir, log.info))
     splits = load_tokens(cfg.dataset, cfg.data_dir, tokenizer, cfg.seq_len, cfg.val_fraction)
-    sched = plan_steps(cfg, len(splits.train), plan)
-    sampler = RandomWindows(splits.train, cfg.seq_len, cfg.seed)
-    eval_set = val_batches(splits.val, cfg.seq_len, cfg.eval_sequences, plan.micro)
     log.info(f"data: {cfg.dataset} ({cfg.tokenizer} tokenizer, vocab {splits.vocab_size:,}): "
              f"{len(splits.train):,} train / {len(splits.val):,} val tokens")
-
-    # --- model and optimizer --------------------------------------------------------------------
     try:
         mcfg = model_config_from(
             cfg.model, splits.vocab_size, cfg.seq_len, n_layer=cfg.n_layer, n_head=cfg.n_head,
@@ -111,8 +113,29 @@ def train(cfg: Config) -> int:
             dropout=cfg.dropout, pad_vocab_multiple=cfg.pad_vocab_multiple)
     except ValueError as e:
         raise ConfigError(f"{cfg.source}: model '{cfg.model}': {e}") from None
-    model = GPT(mcfg)
-    model.activation_checkpointing = cfg.activation_checkpointing
+
+    # --- batch plan, schedule -------------------------------------------------------------------
+    batch_note = ""
+    if plan is None:
+        plan, batch_note = _discover_plan(cfg, mcfg, prec, accelerator, log)
+        accelerator.gradient_accumulation_steps = plan.accum
+    max_lr, lr_note = scaled_lr(cfg.learning_rate, cfg.lr_scaling, plan.effective,
+                                cfg.lr_reference_batch_size)
+    sched = plan_steps(cfg, len(splits.train), plan)
+    log.info(plan.describe(cfg.seq_len) + batch_note)
+    if lr_note:
+        log.info(lr_note)
+    log.info(f"schedule: {sched.total_steps:,} steps ({sched.steps_per_epoch:,} per epoch), "
+             f"warmup {cfg.warmup_steps}, cosine to {cfg.min_lr_ratio:g} × "
+             f"{max_lr:g} at step {sched.lr_steps:,}")
+    if cfg.plan_only:
+        log.info("plan only (--plan_only): not training")
+        return 0
+    sampler = RandomWindows(splits.train, cfg.seq_len, cfg.seed)
+    eval_set = val_batches(splits.val, cfg.seq_len, cfg.eval_sequences, plan.micro)
+
+    # --- model and optimizer --------------------------------------------------------------------
+    model = new_model(mcfg, cfg)
     n_params = model.num_params()
     flops_per_token = model.flops_per_token()
     log.info(f"model: {cfg.model} ({mcfg.arch}, {mcfg.n_layer} layers, d={mcfg.n_embd}, "
@@ -130,11 +153,6 @@ def train(cfg: Config) -> int:
         model = torch.compile(model)
     train_state = TrainState()
     accelerator.register_for_checkpointing(train_state)
-
-    log.info(plan.describe(cfg.seq_len))
-    log.info(f"schedule: {sched.total_steps:,} steps ({sched.steps_per_epoch:,} per epoch), "
-             f"warmup {cfg.warmup_steps}, cosine to {cfg.min_lr_ratio:g} × "
-             f"{cfg.learning_rate:g} at step {sched.lr_steps:,}")
 
     # Same init everywhere (seeded above); from here on dropout masks differ per rank. A resume
     # then restores each rank's RNG state from the checkpoint.
@@ -164,6 +182,7 @@ def train(cfg: Config) -> int:
                    world_size=plan.world, effective_batch_size=plan.effective,
                    tokens_per_step=plan.effective * cfg.seq_len, total_steps=sched.total_steps,
                    lr_schedule_steps=sched.lr_steps, steps_per_epoch=sched.steps_per_epoch,
+                   peak_learning_rate=max_lr, **batch_derived(plan, batch_note),
                    **prec.derived(), device=_device_name(device),
                    n_params=n_params, vocab_size=mcfg.vocab_size,
                    padded_vocab_size=mcfg.padded_vocab_size, flops_per_token=flops_per_token)
@@ -179,10 +198,45 @@ def train(cfg: Config) -> int:
         return 0
 
     loop = Loop(cfg, accelerator, prec, model, optimizer, sampler, eval_set, sched, plan,
-                train_state, ckpt, metrics, log, flops_per_token, config_text)
+                train_state, ckpt, metrics, log, flops_per_token, config_text, max_lr)
     loop.run()
     log.close()
     return 0
+
+
+def new_model(mcfg, cfg: Config) -> GPT:
+    model = GPT(mcfg)
+    model.activation_checkpointing = cfg.activation_checkpointing
+    return model
+
+
+def _discover_plan(cfg: Config, mcfg, prec: Precision, accelerator, log):
+    """Probe (or read from the cache) the largest micro-batch that fits, agreed over ranks, and
+    plan micro × accumulation × world == target from it."""
+    device = accelerator.device
+    trial = autobatch.make_trial(
+        build_model=lambda: new_model(mcfg, cfg),
+        build_precision=lambda: build_precision(cfg, device, warn=lambda _: None),
+        build_optimizer=lambda m: build_optimizer(m, cfg, fused=device.type == "cuda"),
+        loss_fn=lambda logits, x: lm_loss(logits, x, cfg.penalty_type, cfg.penalty_weight)[0],
+        cfg=cfg, vocab_size=mcfg.vocab_size, device=device, autocast=accelerator.autocast)
+    if device.type == "cuda":
+        props = torch.cuda.get_device_properties(device)
+        device_desc = f"{props.name}, {props.total_memory / 2**30:.1f} GiB"
+    else:
+        device_desc = device.type
+    key = autobatch.cache_key(cfg, dataclasses.asdict(mcfg), prec.name, device_desc,
+                              accelerator.num_processes)
+    fit = autobatch.discover(cfg, trial, key, device, accelerator.process_index,
+                             accelerator.num_processes, accelerator.is_main_process, log.info)
+    plan = autobatch.plan_from_fit(cfg, accelerator.num_processes, fit.micro)
+    how = f"cached in {autobatch.cache_path(cfg)}" if fit.cached else \
+        f"probe {fit.seconds:.1f} s"
+    return plan, f"; fitted micro {fit.micro} of max {cfg.max_batch_size} ({how})"
+
+
+def batch_derived(plan, note: str) -> dict:
+    return {"batch_discovery": note.removeprefix("; ")} if note else {}
 
 
 def _ensure_writable_dir(path: str, source: str) -> None:
@@ -216,7 +270,8 @@ class Loop:
     """The hot loop and what runs at its intervals (log, eval, checkpoint)."""
 
     def __init__(self, cfg, accelerator, prec: Precision, model, optimizer, sampler, eval_set,
-                 sched, plan, train_state, ckpt, metrics, log, flops_per_token, config_text):
+                 sched, plan, train_state, ckpt, metrics, log, flops_per_token, config_text,
+                 max_lr):
         self.cfg, self.acc, self.prec, self.model, self.opt = cfg, accelerator, prec, model, \
             optimizer
         self.sampler, self.eval_set, self.sched, self.plan = sampler, eval_set, sched, plan
@@ -226,7 +281,7 @@ class Loop:
         self.peak = peak_flops(_device_name(self.device)) if self.device.type == "cuda" else None
         self.tokens_per_step = plan.effective * cfg.seq_len
         self.rank_offset = accelerator.process_index * plan.micro * plan.accum
-        self.lr_args = dict(max_lr=cfg.learning_rate, warmup_steps=cfg.warmup_steps,
+        self.lr_args = dict(max_lr=max_lr, warmup_steps=cfg.warmup_steps,
                             total_steps=sched.lr_steps, min_lr_ratio=cfg.min_lr_ratio)
         self.max_norm = cfg.grad_clip if cfg.grad_clip > 0 else float("inf")
         self.progress = _Progress(log, sched.total_steps, train_state.step)

@@ -154,7 +154,6 @@ def test_penalty_is_logged_separately(tmp_path):
 
 
 @pytest.mark.parametrize("extra,expected", [
-    (["--auto_batch_size", "--target_effective_batch_size=16"], "auto_batch_size"),
     (["--use_wandb"], "use_wandb"),
     (["--dataset=openwebtext"], "dataset 'openwebtext' needs prepared token shards"),
     (["--warmup_steps=500", "--max_steps=null", "--num_epochs=0.01"], "key 'warmup_steps'"),

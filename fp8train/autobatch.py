@@ -1,0 +1,291 @@
+"""Micro-batch discovery: the largest micro-batch that really fits, agreed by every rank.
+
+Each rank runs real training steps (forward, backward, optimizer step, which allocates the
+optimizer state) of a throw-away copy of the model at the real seq_len, precision and compile
+mode, on synthetic tokens. The micro-batch doubles from 1 until a step runs out of memory, goes
+over the budget (device memory minus `memory_headroom`) or reaches `max_batch_size`; a binary
+search between the last fit and the first failure follows. Only out-of-memory errors count as
+"does not fit"; anything else is a bug and stops the run.
+
+The ranks then agree on the smallest fit with one all-gather, which also carries errors: a rank
+whose probe failed makes every rank stop with its message instead of leaving the others waiting
+in a collective. The result is cached (batch_probe.json) under a key of everything that changes
+memory use, so reruns and requeued jobs skip the probe.
+"""
+from __future__ import annotations
+
+import gc
+import hashlib
+import json
+import os
+import time
+from dataclasses import dataclass, field
+from typing import Callable, Optional
+
+import torch
+
+from .config import Config, ConfigError
+
+CACHE_FILE = "batch_probe.json"
+# Per-rank memory budgets for testing and debugging (comma-separated GB, indexed by rank):
+# lets one rank "have" less memory than another.
+LIMIT_ENV = "FP8TRAIN_PROBE_MEMORY_LIMIT_GB"
+
+
+# --- the search ---------------------------------------------------------------------------------
+
+def search_max_batch(fits: Callable[[int], bool], maximum: int) -> int:
+    """Largest b in [1, maximum] with fits(b), assuming fits is monotone (True up to some N).
+    Doubling from 1, then bisection: about 2·log2(N) calls. 0 when even 1 does not fit."""
+    lo, hi, b = 0, None, 1
+    while True:
+        if fits(b):
+            lo = b
+            if b >= maximum:
+                break
+            b = min(2 * b, maximum)
+        else:
+            hi = b
+            break
+    while hi is not None and hi - lo > 1:
+        mid = (lo + hi) // 2
+        if fits(mid):
+            lo = mid
+        else:
+            hi = mid
+    return lo
+
+
+@dataclass
+class Probe:
+    """fits(micro) for the search: run `trial(micro)` (returns the peak bytes it used) and
+    compare with the budget. A real out-of-memory error means "does not fit"."""
+    trial: Callable[[int], int]
+    budget_bytes: float
+    trials: list = field(default_factory=list)   # (micro, fitted, peak bytes or None)
+
+    def fits(self, micro: int) -> bool:
+        try:
+            peak = self.trial(micro)
+        except torch.OutOfMemoryError:
+            peak = None
+        finally:
+            _release_memory()
+        ok = peak is not None and peak <= self.budget_bytes
+        self.trials.append((micro, ok, peak))
+        return ok
+
+
+def _release_memory() -> None:
+    gc.collect()
+    if torch.cuda.is_available():
+        torch.cuda.empty_cache()
+
+
+# --- one real training step, measured -----------------------------------------------------------
+
+class _SavedTensorBytes:
+    """CPU has no allocator statistics: count the bytes autograd keeps for backward (the
+    activations), each storage once. With parameters, gradients and optimizer state this is the
+    step's peak up to short-lived temporaries."""
+
+    def __init__(self):
+        self.bytes, self.seen = 0, set()
+
+    def pack(self, t: torch.Tensor):
+        st = t.untyped_storage()
+        if st.data_ptr() not in self.seen:
+            self.seen.add(st.data_ptr())
+            self.bytes += st.nbytes()
+        return t
+
+    @staticmethod
+    def unpack(t):
+        return t
+
+
+def make_trial(build_model: Callable[[], torch.nn.Module], build_precision, build_optimizer,
+               loss_fn, cfg: Config, vocab_size: int, device: torch.device, autocast):
+    """A function micro -> peak bytes of one full training step at that micro-batch."""
+
+    def trial(micro: int) -> int:
+        prec = build_precision()
+        model = prec.convert(build_model().to(device))
+        model.train()
+        step_model = torch.compile(model) if cfg.compile else model
+        opt = build_optimizer(model)
+        x = torch.randint(0, vocab_size, (micro, cfg.seq_len), device=device)
+        cuda = device.type == "cuda"
+        if cuda:
+            torch.cuda.synchronize(device)
+            torch.cuda.reset_peak_memory_stats(device)
+        counter = _SavedTensorBytes()
+        # Weights saved for backward are counted with the parameters, not as activations.
+        counter.seen.update(p.untyped_storage().data_ptr() for p in model.parameters())
+        with torch.autograd.graph.saved_tensors_hooks(counter.pack, counter.unpack):
+            with autocast(), prec.forward_context(training=True):
+                logits = step_model(x)
+            loss = loss_fn(logits, x)
+        loss.backward()
+        del logits, loss
+        opt.step()
+        opt.zero_grad(set_to_none=True)
+        if cuda:
+            torch.cuda.synchronize(device)
+            return torch.cuda.max_memory_reserved(device)
+        state = sum(p.numel() * p.element_size() for p in model.parameters())
+        # parameters + gradients + AdamW's two moments, and the activations
+        return 4 * state + counter.bytes
+
+    return trial
+
+
+def device_budget(cfg: Config, device: torch.device, rank: int) -> float:
+    """Bytes a micro-batch may use: (1 - memory_headroom) × the device's memory, or × the
+    configured limit."""
+    limit_gb = cfg.probe_memory_limit_gb
+    env = os.environ.get(LIMIT_ENV)
+    if env:
+        parts = [p.strip() for p in env.split(",") if p.strip()]
+        limit_gb = float(parts[min(rank, len(parts) - 1)])
+    if limit_gb is not None:
+        total = limit_gb * 1e9
+    elif device.type == "cuda":
+        total = torch.cuda.get_device_properties(device).total_memory
+    else:
+        total = os.sysconf("SC_AVPHYS_PAGES") * os.sysconf("SC_PAGE_SIZE")
+    return total * (1.0 - cfg.memory_headroom)
+
+
+# --- the cache ----------------------------------------------------------------------------------
+
+def cache_key(cfg: Config, model_desc: dict, precision: str, device_desc: str, world: int) -> dict:
+    """Everything that changes how much memory a micro-batch takes (or how much there is)."""
+    return dict(model=model_desc, seq_len=cfg.seq_len, precision=precision,
+                compile=cfg.compile, activation_checkpointing=cfg.activation_checkpointing,
+                device=device_desc, world_size=world, torch=torch.__version__,
+                max_batch_size=cfg.max_batch_size, memory_headroom=cfg.memory_headroom,
+                memory_limit=os.environ.get(LIMIT_ENV) or cfg.probe_memory_limit_gb)
+
+
+def _digest(key: dict) -> str:
+    return hashlib.sha256(json.dumps(key, sort_keys=True).encode()).hexdigest()[:16]
+
+
+def cache_path(cfg: Config) -> str:
+    return os.path.join(cfg.batch_cache_dir or cfg.output_dir, CACHE_FILE)
+
+
+def read_cache(path: str, key: dict) -> Optional[dict]:
+    try:
+        with open(path, encoding="utf-8") as fh:
+            entry = json.load(fh).get(_digest(key))
+    except (OSError, ValueError, AttributeError):
+        return None
+    return entry if entry and entry.get("key") == key else None
+
+
+def write_cache(path: str, key: dict, fitted: int, seconds: float, trials: list) -> None:
+    try:
+        with open(path, encoding="utf-8") as fh:
+            data = json.load(fh)
+        if not isinstance(data, dict):
+            data = {}
+    except (OSError, ValueError):
+        data = {}
+    data[_digest(key)] = dict(key=key, fitted_micro_batch=fitted, probe_seconds=round(seconds, 2),
+                              trials=[dict(micro=m, fits=ok,
+                                           peak_gb=None if peak is None else round(peak / 1e9, 4))
+                                      for m, ok, peak in trials],
+                              date=time.strftime("%Y-%m-%d %H:%M:%S"))
+    os.makedirs(os.path.dirname(path) or ".", exist_ok=True)
+    tmp = f"{path}.tmp.{os.getpid()}"
+    with open(tmp, "w", encoding="utf-8") as fh:
+        json.dump(data, fh, indent=1, sort_keys=True)
+    os.replace(tmp, path)
+
+
+# --- agreement ----------------------------------------------------------------------------------
+
+@dataclass
+class Fit:
+    micro: int              # agreed fitted micro-batch (the minimum over ranks)
+    seconds: float          # probe time (the slowest rank); 0 when every rank used the cache
+    cached: bool
+
+
+def agree(local_micro: Optional[int], seconds: float, cached: bool, error: Optional[str],
+          not_fitting: Optional[str], world: int) -> Fit:
+    """One all-gather: every rank learns every rank's result or error, so a failure anywhere
+    stops every rank with the same message, and no rank waits for one that left."""
+    mine = (local_micro, seconds, cached, error, not_fitting)
+    if world > 1:
+        gathered = [None] * world
+        torch.distributed.all_gather_object(gathered, mine)
+    else:
+        gathered = [mine]
+    for rank, (_, _, _, err, _) in enumerate(gathered):
+        if err:
+            raise RuntimeError(f"batch discovery failed on rank {rank}: {err}")
+    for rank, (_, _, _, _, nf) in enumerate(gathered):
+        if nf:
+            raise ConfigError(nf if world == 1 else f"rank {rank}: {nf}")
+    return Fit(micro=min(g[0] for g in gathered), seconds=max(g[1] for g in gathered),
+               cached=all(g[2] for g in gathered))
+
+
+def discover(cfg: Config, trial: Callable[[int], int], key: dict, device: torch.device,
+             rank: int, world: int, is_main: bool, info: Callable[[str], None]) -> Fit:
+    """Cached or probed fitted micro-batch, agreed over ranks."""
+    path = cache_path(cfg)
+    hit = None if cfg.reprobe else read_cache(path, key)
+    micro, seconds, error, not_fitting, probe = None, 0.0, None, None, None
+    if hit is not None:
+        micro = int(hit["fitted_micro_batch"])
+    else:
+        t0 = time.perf_counter()
+        try:  # everything a rank can fail on stays inside: the others wait in agree()
+            budget = device_budget(cfg, device, rank)
+            info(f"batch discovery: probing micro-batches up to {cfg.max_batch_size} within "
+                 f"{budget / 1e9:.2f} GB ({1 - cfg.memory_headroom:.0%} of the memory budget)")
+            probe = Probe(trial, budget)
+            with torch.random.fork_rng(devices=[device] if device.type == "cuda" else []):
+                micro = search_max_batch(probe.fits, cfg.max_batch_size)
+        except Exception as e:  # not an OOM: report it on every rank, then stop
+            error = f"{type(e).__name__}: {' '.join(str(e).split())[:300]}"
+        seconds = time.perf_counter() - t0
+        if error is None and micro == 0:
+            peak = probe.trials[0][2]
+            used = f"{peak / 1e9:.2f} GB" if peak else "out of memory"
+            not_fitting = (f"{cfg.source}: the model does not fit with micro-batch 1 at seq_len "
+                           f"{cfg.seq_len} ({used}; budget {budget / 1e9:.2f} GB with "
+                           f"memory_headroom {cfg.memory_headroom}); use a smaller model or "
+                           "seq_len, activation_checkpointing, or a larger memory budget")
+    fit = agree(micro, seconds, hit is not None, error, not_fitting, world)
+    if is_main and probe is not None:
+        write_cache(path, key, fit.micro, fit.seconds, probe.trials)
+    return fit
+
+
+# --- the plan -----------------------------------------------------------------------------------
+
+def check_target(cfg: Config, world: int) -> int:
+    """Sequences per rank per step; the target must split evenly over the ranks."""
+    from .batching import nearest_valid_targets
+    target = cfg.target_effective_batch_size
+    if target % world:
+        near = nearest_valid_targets(target, world)
+        raise ConfigError(
+            f"{cfg.source}: key 'target_effective_batch_size' ({target}) is not divisible by the "
+            f"world size ({world}); nearest valid: {' or '.join(map(str, near))}")
+    return target // world
+
+
+def plan_from_fit(cfg: Config, world: int, fitted: int):
+    """The largest micro-batch ≤ fitted that divides the per-rank share of the target, and the
+    accumulation that makes micro × accum × world == target exactly."""
+    from .batching import BatchPlan
+    per_rank = check_target(cfg, world)
+    cap = min(fitted, per_rank, cfg.max_batch_size)
+    micro = max(d for d in range(1, cap + 1) if per_rank % d == 0)
+    return BatchPlan(micro, per_rank // micro, world)
