@@ -52,7 +52,8 @@ class Config:
                      max=2**31 - 1)
     # --- data ------------------------------------------------------------------------------
     dataset: str = _key(
-        "tinyshakespeare", "tinyshakespeare | fineweb-edu | openwebtext | path to a .txt file",
+        "tinyshakespeare", "tinyshakespeare | fineweb-edu | openwebtext (prepared under data_dir) "
+        "| a prepared directory | a .txt file",
         "data")
     data_dir: Optional[str] = _key(
         None, "where datasets are looked up; default $FP8TRAIN_DATA_DIR, else ./data", "data")
@@ -61,8 +62,11 @@ class Config:
         "data")
     seq_len: int = _key(1024, "tokens per training sequence (the model's context length)",
                         "data", min=8)
-    val_fraction: float = _key(0.1, "fraction of the corpus held out for validation (the end)",
-                               "data", gt=0.0, max=0.5)
+    data_prefetch: int = _key(2, "micro-batches prepared ahead on a background thread (0 = in "
+                              "the loop)", "data", min=0)
+    val_fraction: float = _key(
+        0.1, "fraction of a text corpus held out for validation (the end; prepared data has "
+        "its own split)", "data", gt=0.0, max=0.5)
     # --- model -----------------------------------------------------------------------------
     model: str = _key("gpt2-124m", "preset: " + " | ".join(MODEL_PRESETS), "model",
                       choices=MODEL_PRESETS)
@@ -466,9 +470,11 @@ def validate(cfg: Config) -> None:
         err(f"key 'n_kv_head' ({cfg.n_kv_head}) must divide n_head ({cfg.n_head})")
     if cfg.n_embd is not None and cfg.n_head is not None and cfg.n_embd % cfg.n_head:
         err(f"key 'n_embd' ({cfg.n_embd}) must be divisible by n_head ({cfg.n_head})")
-    if cfg.dataset not in KNOWN_DATASETS and not os.path.isfile(cfg.dataset):
-        if os.path.isdir(cfg.dataset):
-            err(f"key 'dataset': '{cfg.dataset}' is a directory; expected a .txt file")
+    if os.path.isdir(cfg.dataset):
+        if not os.path.isfile(os.path.join(cfg.dataset, "meta.json")):
+            err(f"key 'dataset': directory '{cfg.dataset}' has no meta.json: not a dataset "
+                "prepared with scripts/prepare_data.py (or its preparation did not finish)")
+    elif cfg.dataset not in KNOWN_DATASETS and not os.path.isfile(cfg.dataset):
         looks_like_path = cfg.dataset.endswith(".txt") or os.path.sep in cfg.dataset
         err(f"key 'dataset': file '{cfg.dataset}' not found" if looks_like_path else
             f"key 'dataset': '{cfg.dataset}' is neither a known dataset "

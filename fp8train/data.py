@@ -1,4 +1,5 @@
-"""Minimal data path: a text corpus -> token ids -> random windows of seq_len + 1.
+"""Data for training: prepared token shards (scripts/prepare_data.py) or a small text corpus
+tokenized on the fly -> windows of seq_len + 1 tokens.
 
 Batches are a pure function of (seed, global sequence number), so the data position is the
 step counter and a resumed run draws exactly the batches it would have drawn.
@@ -106,10 +107,6 @@ def corpus_path(dataset: str, data_dir: str, log=print) -> str:
         raise ConfigError(f"dataset 'tinyshakespeare' not found at '{path}' ({how}); "
                           f"download {TINYSHAKESPEARE_URL} to that path, or set data_dir "
                           f"(or FP8TRAIN_DATA_DIR) to the folder that holds tinyshakespeare.txt")
-    if dataset in ("fineweb-edu", "openwebtext"):
-        raise ConfigError(f"dataset '{dataset}' needs prepared token shards under "
-                          f"'{os.path.join(data_dir, dataset)}/', and preparing them is not "
-                          f"available in this version; use tinyshakespeare or a .txt file")
     if not os.path.isfile(dataset):
         raise ConfigError(f"key 'dataset': file '{dataset}' not found")
     return dataset
@@ -117,9 +114,70 @@ def corpus_path(dataset: str, data_dir: str, log=print) -> str:
 
 @dataclass
 class TokenSplits:
-    train: np.ndarray
-    val: np.ndarray
+    train: "np.ndarray | ShardedTokens"
+    val: "np.ndarray | ShardedTokens"
     vocab_size: int
+    source: str = ""            # where the tokens came from, for the log
+
+
+PREPARED = ("fineweb-edu", "openwebtext")  # known datasets that exist only as prepared shards
+
+
+def prepared_dir(dataset: str, data_dir: str):
+    """The prepared-shard directory `dataset` names, or None for a text corpus."""
+    if os.path.isdir(dataset):
+        return dataset
+    if dataset in PREPARED:
+        return os.path.join(data_dir, dataset)
+    if dataset == "tinyshakespeare" and os.path.isfile(
+            os.path.join(data_dir, "tinyshakespeare", "meta.json")):
+        return os.path.join(data_dir, "tinyshakespeare")
+    return None
+
+
+def prepare_command(dataset: str, data_dir: str) -> str:
+    return (f"python scripts/prepare_data.py --dataset {dataset} --tokenizer gpt2 "
+            f"--data_dir {data_dir}")
+
+
+def load_prepared(directory: str, dataset: str, data_dir: str, tokenizer_name: str,
+                  seq_len: int) -> TokenSplits:
+    """Memory-map a prepared dataset and check it before any step runs: complete, headers valid,
+    sizes matching, token ids inside the vocabulary, the tokenizer the run says, each split
+    longer than one window."""
+    from .shards import read_header, read_meta, open_shard
+    if not os.path.isfile(os.path.join(directory, "meta.json")):
+        if dataset in PREPARED:
+            raise ConfigError(f"dataset '{dataset}' is not prepared: '{directory}/meta.json' "
+                              f"not found; run: {prepare_command(dataset, data_dir)}")
+        read_meta(directory)  # raises with the reason
+    meta = read_meta(directory)
+    vocab = int(meta["vocab_size"])
+    if meta.get("tokenizer") != tokenizer_name:
+        raise ConfigError(f"key 'tokenizer' is '{tokenizer_name}' but '{directory}' was prepared "
+                          f"with tokenizer '{meta.get('tokenizer')}' (vocabulary {vocab:,}); set "
+                          f"tokenizer: {meta.get('tokenizer')}")
+    parts = {}
+    for split in ("train", "val"):
+        names = meta["splits"].get(split, {}).get("shards", [])
+        arrays = []
+        for name in names:
+            path = os.path.join(directory, name)
+            if not os.path.isfile(path):
+                raise ConfigError(f"shard '{path}' listed in meta.json is missing")
+            h = read_header(path)
+            if h.vocab_size != vocab or h.max_token >= vocab:
+                raise ConfigError(f"shard '{path}': token ids up to {h.max_token} / vocabulary "
+                                  f"{h.vocab_size}, but the dataset's vocabulary is {vocab}: "
+                                  "a tokenizer mismatch; prepare the dataset again")
+            arrays.append(open_shard(path))
+        parts[split] = ShardedTokens(arrays)
+        if len(parts[split]) < seq_len + 1:
+            raise ConfigError(f"dataset '{directory}': the {split} split has "
+                              f"{len(parts[split]):,} tokens, fewer than seq_len + 1 = "
+                              f"{seq_len + 1}")
+    return TokenSplits(parts["train"], parts["val"], vocab,
+                       f"{directory} ({len(meta['splits']['train']['shards'])} train shards)")
 
 
 def load_tokens(dataset: str, data_dir: str, tokenizer, seq_len: int, val_fraction: float,
@@ -139,31 +197,97 @@ def load_tokens(dataset: str, data_dir: str, tokenizer, seq_len: int, val_fracti
         if len(part) < seq_len + 1:
             raise ConfigError(f"key 'dataset': '{path}' gives {len(part):,} {name} tokens, "
                               f"fewer than seq_len + 1 = {seq_len + 1}")
-    return TokenSplits(train=train, val=val, vocab_size=tokenizer.vocab_size)
+    return TokenSplits(train=train, val=val, vocab_size=tokenizer.vocab_size, source=path)
 
 
 # ------------------------------------------------------------------------------------------------
 # Batches
 # ------------------------------------------------------------------------------------------------
 
-class RandomWindows:
-    """Random windows of the training tokens, keyed on the global sequence number.
+class ShardedTokens:
+    """Several memory-mapped shards read as one token sequence."""
 
-    Sequence g of the run (g = step x effective batch + position in the step) always starts at
-    the same offset, a hash of (seed, g). So the data a run sees depends only on the seed and
-    the effective batch, not on how it is split into micro-batches, accumulation steps and
-    ranks; ranks read disjoint sequence numbers; and there is no generator state to save: the
-    step counter is the data position.
+    def __init__(self, arrays: list):
+        self.arrays = [a for a in arrays if len(a)]
+        self.bounds = np.cumsum([0] + [len(a) for a in self.arrays])
+
+    def __len__(self) -> int:
+        return int(self.bounds[-1])
+
+    def take(self, starts: np.ndarray, length: int) -> np.ndarray:
+        """Rows tokens[s : s + length] for each start s, as int64."""
+        out = np.empty((len(starts), length), dtype=np.int64)
+        shard = np.searchsorted(self.bounds, starts, side="right") - 1
+        for k in np.unique(shard):
+            rows = np.nonzero(shard == k)[0]
+            local = starts[rows] - self.bounds[k]
+            inside = local + length <= len(self.arrays[k])
+            if inside.all():  # the common case: one fancy-indexed read per shard
+                out[rows] = self.arrays[k][local[:, None] + np.arange(length)]
+                continue
+            for r, lo in zip(rows, local):  # windows that cross into the next shard
+                out[r] = self._slice(int(self.bounds[k] + lo), length)
+        return out
+
+    def _slice(self, start: int, length: int) -> np.ndarray:
+        parts, k = [], int(np.searchsorted(self.bounds, start, side="right") - 1)
+        while length > 0:
+            lo = start - int(self.bounds[k])
+            piece = self.arrays[k][lo:lo + length]
+            parts.append(piece)
+            length -= len(piece)
+            start += len(piece)
+            k += 1
+        return np.concatenate(parts)
+
+
+def take_windows(tokens, starts: np.ndarray, length: int) -> np.ndarray:
+    if isinstance(tokens, ShardedTokens):
+        return tokens.take(starts, length)
+    return tokens[starts[:, None] + np.arange(length)[None, :]].astype(np.int64)
+
+
+class RandomWindows:
+    """Training windows in a random order that visits every window once per epoch, keyed on the
+    global sequence number.
+
+    The training tokens are cut into n = (tokens - 1) // seq_len windows (inputs tokens[w·T :
+    w·T + T], targets shifted by one). Sequence g of the run (g = step × effective batch +
+    position in the step) is window perm_e(g mod n) of epoch e = g // n, where perm_e is a
+    keyed bijection of [0, n) (a Feistel network with cycle walking: no table, no state). So
+    within an epoch no two sequences, and therefore no two ranks, read the same window; the
+    data a run sees depends only on the seed and the effective batch, not on how it is split
+    into micro-batches, accumulation steps and ranks; and the step counter is the data position.
     """
 
-    def __init__(self, tokens: np.ndarray, seq_len: int, seed: int):
+    def __init__(self, tokens, seq_len: int, seed: int):
         self.tokens, self.seq_len = tokens, seq_len
-        self.n_starts = len(tokens) - seq_len  # start + seq_len + 1 <= len(tokens)
+        self.n_windows = (len(tokens) - 1) // seq_len
         self.key = _splitmix64(np.array([seed], dtype=np.uint64))[0]
+        bits = max(2, int(self.n_windows - 1).bit_length())
+        self.half = (bits + 1) // 2
+        self.mask = np.uint64((1 << self.half) - 1)
 
     def starts(self, first: int, count: int) -> np.ndarray:
-        g = np.arange(first, first + count, dtype=np.uint64)
-        return (_splitmix64(g ^ self.key) % np.uint64(self.n_starts)).astype(np.int64)
+        g = np.arange(first, first + count, dtype=np.int64)
+        epoch, j = np.divmod(g, self.n_windows)
+        return self._permute(j.astype(np.uint64), epoch.astype(np.uint64)) * self.seq_len
+
+    def _permute(self, x: np.ndarray, epoch: np.ndarray) -> np.ndarray:
+        out = x.copy()
+        todo = np.ones(len(x), dtype=bool)
+        while todo.any():  # cycle walking: re-encrypt until the value lands in [0, n)
+            out[todo] = self._feistel(out[todo], epoch[todo])
+            todo = out >= np.uint64(self.n_windows)
+        return out.astype(np.int64)
+
+    def _feistel(self, x: np.ndarray, epoch: np.ndarray) -> np.ndarray:
+        half, mask = np.uint64(self.half), self.mask
+        left, right = x >> half, x & mask
+        for r in range(4):
+            k = _splitmix64(self.key ^ (epoch * np.uint64(0x9E3779B1) + np.uint64(r + 1)))
+            left, right = right, left ^ (_splitmix64(right ^ k) & mask)
+        return (left << half) | right
 
     def batch(self, first: int, count: int):
         """(inputs, targets) for global sequences first .. first + count - 1."""
@@ -172,9 +296,10 @@ class RandomWindows:
 
 def _splitmix64(x: np.ndarray) -> np.ndarray:
     """A fast, well-mixed 64-bit hash (Steele et al.'s SplitMix64 finaliser); uint64 wraps."""
-    x = x + np.uint64(0x9E3779B97F4A7C15)
-    x = (x ^ (x >> np.uint64(30))) * np.uint64(0xBF58476D1CE4E5B9)
-    x = (x ^ (x >> np.uint64(27))) * np.uint64(0x94D049BB133111EB)
+    with np.errstate(over="ignore"):
+        x = x + np.uint64(0x9E3779B97F4A7C15)
+        x = (x ^ (x >> np.uint64(30))) * np.uint64(0xBF58476D1CE4E5B9)
+        x = (x ^ (x >> np.uint64(27))) * np.uint64(0x94D049BB133111EB)
     return x ^ (x >> np.uint64(31))
 
 
@@ -187,8 +312,64 @@ def val_batches(tokens: np.ndarray, seq_len: int, n_sequences: int, micro: int):
             for i in range(0, n_sequences, micro)]
 
 
-def _windows(tokens: np.ndarray, starts: np.ndarray, seq_len: int):
+def _windows(tokens, starts: np.ndarray, seq_len: int):
     import torch
-    idx = starts[:, None] + np.arange(seq_len + 1)[None, :]
-    w = torch.from_numpy(tokens[idx].astype(np.int64))
+    w = torch.from_numpy(take_windows(tokens, starts, seq_len + 1))
     return w[:, :-1], w[:, 1:]
+
+
+class BatchStream:
+    """This rank's micro-batches in training order: sequences position + rank offset + m × micro
+    for each micro-step m, then the next step at position + effective batch. With depth > 0 a
+    background thread prepares them ahead (numpy slicing releases the GIL) and pins them for
+    non-blocking copies to a GPU, so the loop never waits for data."""
+
+    def __init__(self, sampler: RandomWindows, position: int, rank_offset: int, micro: int,
+                 accum: int, effective: int, pin: bool, depth: int):
+        self.sampler, self.micro, self.pin = sampler, micro, pin
+        self.firsts = self._firsts(position, rank_offset, micro, accum, effective)
+        self.queue = None
+        if depth > 0:
+            import queue
+            import threading
+            self.queue = queue.Queue(maxsize=depth)
+            self.stop = threading.Event()
+            threading.Thread(target=self._fill, daemon=True, name="batch-prefetch").start()
+
+    @staticmethod
+    def _firsts(position, rank_offset, micro, accum, effective):
+        while True:
+            for m in range(accum):
+                yield position + rank_offset + m * micro
+            position += effective
+
+    def _make(self):
+        x, y = self.sampler.batch(next(self.firsts), self.micro)
+        return (x.pin_memory(), y.pin_memory()) if self.pin else (x, y)
+
+    def _fill(self) -> None:
+        while not self.stop.is_set():
+            try:
+                item = self._make()
+            except BaseException as e:  # handed to the loop, which raises it
+                item = e
+            while not self.stop.is_set():
+                try:
+                    self.queue.put(item, timeout=0.1)
+                    break
+                except Exception:  # queue.Full: the loop is busy; check stop and retry
+                    continue
+            if isinstance(item, BaseException):
+                return
+
+    def next(self):
+        if self.queue is None:
+            return self._make()
+        item = self.queue.get()
+        if isinstance(item, BaseException):
+            raise item
+        return item
+
+    def close(self) -> None:
+        if self.queue is not None:
+            self.stop.set()

@@ -15,7 +15,8 @@ from . import config as config_mod
 from .batching import BatchPlan, manual_plan
 from .checkpoint import CheckpointManager, TrainState, changed_on_resume, resolve_resume
 from .config import Config, ConfigError
-from .data import RandomWindows, build_tokenizer, corpus_path, load_tokens, val_batches
+from .data import (BatchStream, RandomWindows, build_tokenizer, corpus_path, load_prepared, load_tokens,
+                   prepared_dir, val_batches)
 from .loss import lm_loss
 from .metrics import MetricsWriter, mfu, peak_flops
 from .model import GPT, model_config_from
@@ -101,10 +102,8 @@ def train(cfg: Config) -> int:
 
     # --- data -----------------------------------------------------------------------------------
     set_seed(cfg.seed)  # the same init on every rank
-    tokenizer = build_tokenizer(cfg.tokenizer)
-    _fetch_on_rank0_first(accelerator, lambda: corpus_path(cfg.dataset, cfg.data_dir, log.info))
-    splits = load_tokens(cfg.dataset, cfg.data_dir, tokenizer, cfg.seq_len, cfg.val_fraction)
-    log.info(f"data: {cfg.dataset} ({cfg.tokenizer} tokenizer, vocab {splits.vocab_size:,}): "
+    splits = _load_data(cfg, accelerator, log)
+    log.info(f"data: {splits.source} ({cfg.tokenizer} tokenizer, vocab {splits.vocab_size:,}): "
              f"{len(splits.train):,} train / {len(splits.val):,} val tokens")
     try:
         mcfg = model_config_from(
@@ -204,6 +203,17 @@ def train(cfg: Config) -> int:
     return 0
 
 
+def _load_data(cfg: Config, accelerator, log):
+    """Prepared shards when `dataset` names them (checked, memory-mapped), else a text corpus
+    tokenized here (tinyshakespeare is downloaded first, by rank 0)."""
+    directory = prepared_dir(cfg.dataset, cfg.data_dir)
+    if directory is not None:
+        return load_prepared(directory, cfg.dataset, cfg.data_dir, cfg.tokenizer, cfg.seq_len)
+    tokenizer = build_tokenizer(cfg.tokenizer)
+    _fetch_on_rank0_first(accelerator, lambda: corpus_path(cfg.dataset, cfg.data_dir, log.info))
+    return load_tokens(cfg.dataset, cfg.data_dir, tokenizer, cfg.seq_len, cfg.val_fraction)
+
+
 def new_model(mcfg, cfg: Config) -> GPT:
     model = GPT(mcfg)
     model.activation_checkpointing = cfg.activation_checkpointing
@@ -296,6 +306,9 @@ class Loop:
         clock = _TrainClock(self.device)  # training time only: eval and checkpoints excluded
         self.model.train()
         stop_reason = None
+        batches = BatchStream(self.sampler, st.data_position, self.rank_offset, self.plan.micro,
+                              self.plan.accum, self.plan.effective,
+                              pin=self.device.type == "cuda", depth=cfg.data_prefetch)
         while st.step < self.sched.total_steps:
             lr = lr_at(st.step, **self.lr_args)
             for group in self.opt.param_groups:
@@ -304,9 +317,8 @@ class Loop:
             if logged:
                 self.prec.watch(True)  # scale statistics on logged steps only
             # This rank's slice of the step's sequences, one micro-batch at a time.
-            first = st.data_position + self.rank_offset
-            for m in range(self.plan.accum):
-                x, y = self.sampler.batch(first + m * self.plan.micro, self.plan.micro)
+            for _ in range(self.plan.accum):
+                x, y = batches.next()
                 x = x.to(self.device, non_blocking=True)
                 y = y.to(self.device, non_blocking=True)
                 with self.acc.accumulate(self.model):  # no_sync except on the last micro-step
@@ -356,6 +368,7 @@ class Loop:
                 clock.resume()
             if stop_reason:
                 break
+        batches.close()
         self.progress.close()
         done = f"stopped early: {stop_reason}; resume with --resume" if stop_reason else "done"
         self.log.info(f"{done} at step {st.step:,} ({st.tokens:,} tokens, "

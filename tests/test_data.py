@@ -33,8 +33,12 @@ def test_missing_corpus_offline_names_the_path(tmp_path, monkeypatch):
 
 
 def test_unprepared_large_dataset_is_a_clear_error(tmp_path):
-    with pytest.raises(ConfigError, match=r"dataset 'fineweb-edu' needs prepared token shards"):
-        corpus_path("fineweb-edu", str(tmp_path))
+    from fp8train.data import load_prepared, prepared_dir
+    d = prepared_dir("fineweb-edu", str(tmp_path))
+    with pytest.raises(ConfigError, match=r"dataset 'fineweb-edu' is not prepared: .* run: "
+                                          r"python scripts/prepare_data.py --dataset fineweb-edu "
+                                          r"--tokenizer gpt2 --data_dir "):
+        load_prepared(d, "fineweb-edu", str(tmp_path), "gpt2", 64)
 
 
 def test_local_text_file_and_too_small_corpus(tmp_path):

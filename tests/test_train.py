@@ -155,7 +155,7 @@ def test_penalty_is_logged_separately(tmp_path):
 
 @pytest.mark.parametrize("extra,expected", [
     (["--use_wandb"], "use_wandb"),
-    (["--dataset=openwebtext"], "dataset 'openwebtext' needs prepared token shards"),
+    (["--dataset=openwebtext"], "dataset 'openwebtext' is not prepared"),
     (["--warmup_steps=500", "--max_steps=null", "--num_epochs=0.01"], "key 'warmup_steps'"),
 ])
 def test_features_not_available_yet_stop_with_exit_2(tmp_path, extra, expected):
