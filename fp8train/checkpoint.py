@@ -23,7 +23,10 @@ CONFIG_NAME = "config.yaml"
 HARMLESS_ON_RESUME = {"output_dir", "resume", "data_dir", "max_steps", "num_epochs", "max_hours",
                       "log_interval", "eval_interval", "eval_sequences", "checkpoint_interval",
                       "keep_checkpoints", "compile", "activation_checkpointing", "use_wandb",
-                      "wandb_project", "wandb_entity", "wandb_run_name", "wandb_tags"}
+                      "wandb_project", "wandb_entity", "wandb_run_name", "wandb_tags",
+                      # how the run is carried out, not what it trains
+                      "plan_only", "reprobe", "batch_cache_dir", "data_prefetch",
+                      "fp8_log_layers", "fp8_eval", "fp8_fallback"}
 
 
 def step_dir_name(step: int) -> str:

@@ -121,7 +121,7 @@ def train(cfg: Config) -> int:
     max_lr, lr_note = scaled_lr(cfg.learning_rate, cfg.lr_scaling, plan.effective,
                                 cfg.lr_reference_batch_size)
     sched = plan_steps(cfg, len(splits.train), plan)
-    log.info(plan.describe(cfg.seq_len) + batch_note)
+    log.info(plan.describe(cfg.seq_len) + (f"; {batch_note}" if batch_note else ""))
     if lr_note:
         log.info(lr_note)
     log.info(f"schedule: {sched.total_steps:,} steps ({sched.steps_per_epoch:,} per epoch), "
@@ -181,10 +181,12 @@ def train(cfg: Config) -> int:
                    world_size=plan.world, effective_batch_size=plan.effective,
                    tokens_per_step=plan.effective * cfg.seq_len, total_steps=sched.total_steps,
                    lr_schedule_steps=sched.lr_steps, steps_per_epoch=sched.steps_per_epoch,
-                   peak_learning_rate=max_lr, **batch_derived(plan, batch_note),
+                   peak_learning_rate=max_lr,
                    **prec.derived(), device=_device_name(device),
                    n_params=n_params, vocab_size=mcfg.vocab_size,
                    padded_vocab_size=mcfg.padded_vocab_size, flops_per_token=flops_per_token)
+    if batch_note:
+        derived["batch_discovery"] = batch_note
     config_text = config_mod.dump_yaml(cfg, derived)
     if accelerator.is_main_process:
         with open(os.path.join(cfg.output_dir, "config.yaml"), "w", encoding="utf-8") as fh:
@@ -242,11 +244,7 @@ def _discover_plan(cfg: Config, mcfg, prec: Precision, accelerator, log):
     plan = autobatch.plan_from_fit(cfg, accelerator.num_processes, fit.micro)
     how = f"cached in {autobatch.cache_path(cfg)}" if fit.cached else \
         f"probe {fit.seconds:.1f} s"
-    return plan, f"; fitted micro {fit.micro} of max {cfg.max_batch_size} ({how})"
-
-
-def batch_derived(plan, note: str) -> dict:
-    return {"batch_discovery": note.removeprefix("; ")} if note else {}
+    return plan, f"fitted micro {fit.micro} of max {cfg.max_batch_size} ({how})"
 
 
 def _ensure_writable_dir(path: str, source: str) -> None:
@@ -313,7 +311,8 @@ class Loop:
             lr = lr_at(st.step, **self.lr_args)
             for group in self.opt.param_groups:
                 group["lr"] = lr
-            logged = (st.step + 1) % cfg.log_interval == 0 or st.step + 1 == self.sched.total_steps
+            last = st.step + 1 == self.sched.total_steps
+            logged = (st.step + 1) % cfg.log_interval == 0 or last
             if logged:
                 self.prec.watch(True)  # scale statistics on logged steps only
             # This rank's slice of the step's sequences, one micro-batch at a time.
@@ -337,8 +336,7 @@ class Loop:
             st.data_position += self.plan.effective
             interval_steps += 1
 
-            last = st.step == self.sched.total_steps
-            if st.step % cfg.log_interval == 0 or last:
+            if logged:  # decided before the step, so that the step was watched
                 n = interval_steps * self.plan.accum
                 losses = self.acc.reduce(torch.stack([loss_sum, penalty_sum]) / n, "mean")
                 loss_val, penalty_val = losses.tolist()  # the host sync
