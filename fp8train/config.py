@@ -177,6 +177,9 @@ class Config:
                                     "logging", min=1)
     keep_checkpoints: int = _key(3, "checkpoints kept on disk, newest first (0 = keep all)",
                                  "logging", min=0)
+    eval_samples: int = _key(2, "text samples generated at each evaluation (samples.jsonl, "
+                             "W&B table; 0 = off)", "logging", min=0, max=64)
+    sample_tokens: int = _key(64, "tokens generated per sample", "logging", min=1, max=4096)
     # --- wandb -----------------------------------------------------------------------------
     use_wandb: bool = _key(False, "log to Weights & Biases", "wandb")
     wandb_project: str = _key("fp8train", "W&B project", "wandb")
@@ -184,6 +187,7 @@ class Config:
     wandb_run_name: Optional[str] = _key(None, "W&B run name (default: output_dir's name)",
                                          "wandb")
     wandb_tags: list = _key([], "W&B tags", "wandb")
+    # WANDB_MODE=offline|disabled and WANDB_API_KEY are read by W&B itself, as usual.
 
     # Where the values came from, for error messages; not a key.
     source: str = field(default="<defaults>", repr=False, compare=False,
@@ -303,18 +307,19 @@ def _unknown_key(key: str, source: str, prefix: str = "") -> ConfigError:
     return ConfigError(f"unknown {what} '{prefix}{key}' in {source}{hint}")
 
 
-def read_yaml(path: str) -> dict:
-    """Read a YAML mapping of key: value from `path`, with one-line errors for every way a
-    file can be wrong."""
+def read_yaml(path: str, what: str = "config file",
+              expected: str = "a mapping of key: value") -> dict:
+    """Read a YAML mapping from `path`, with one-line errors for every way a file can be
+    wrong. `what` and `expected` name the kind of file in those errors."""
     if not os.path.exists(path):
-        raise ConfigError(f"config file '{path}' not found")
+        raise ConfigError(f"{what} '{path}' not found")
     if os.path.isdir(path):
-        raise ConfigError(f"config file '{path}' is a directory, expected a YAML file")
+        raise ConfigError(f"{what} '{path}' is a directory, expected a YAML file")
     try:
         with open(path, encoding="utf-8") as fh:
             text = fh.read()
     except (OSError, UnicodeDecodeError) as e:
-        raise ConfigError(f"cannot read config file '{path}': {e}") from None
+        raise ConfigError(f"cannot read {what} '{path}': {e}") from None
     try:
         data = yaml.safe_load(text)
     except yaml.YAMLError as e:
@@ -323,10 +328,9 @@ def read_yaml(path: str) -> dict:
         problem = getattr(e, "problem", None) or str(e).splitlines()[0]
         raise ConfigError(f"{path}: not valid YAML{where}: {problem}") from None
     if data is None:
-        raise ConfigError(f"{path}: file is empty, expected a mapping of key: value")
+        raise ConfigError(f"{path}: file is empty, expected {expected}")
     if not isinstance(data, dict):
-        raise ConfigError(f"{path}: expected a mapping of key: value, got a "
-                          f"{type(data).__name__}")
+        raise ConfigError(f"{path}: expected {expected}, got a {type(data).__name__}")
     return data
 
 
@@ -484,16 +488,6 @@ def validate(cfg: Config) -> None:
             "need the token dimension divisible by 16")
     if cfg.resume not in ("never", "auto") and not os.path.exists(cfg.resume):
         err(f"key 'resume': checkpoint '{cfg.resume}' not found (use auto, never or a path)")
-
-
-def not_implemented(cfg: Config) -> list[str]:
-    """Features the schema accepts but this version cannot run. A run that asks for them
-    stops with exit 2 instead of pretending."""
-    missing = []
-    if cfg.use_wandb:
-        missing.append("use_wandb: W&B logging is not available in this version; use "
-                       "--no_wandb (metrics.jsonl is always written)")
-    return missing
 
 
 def to_dict(cfg: Config) -> dict:

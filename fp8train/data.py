@@ -334,7 +334,8 @@ class BatchStream:
             import threading
             self.queue = queue.Queue(maxsize=depth)
             self.stop = threading.Event()
-            threading.Thread(target=self._fill, daemon=True, name="batch-prefetch").start()
+            self.thread = threading.Thread(target=self._fill, daemon=True, name="batch-prefetch")
+            self.thread.start()
 
     @staticmethod
     def _firsts(position, rank_offset, micro, accum, effective):
@@ -371,5 +372,8 @@ class BatchStream:
         return item
 
     def close(self) -> None:
+        # Joined, not just told: a daemon thread still inside torch when the interpreter exits
+        # can abort the process ("terminate called without an active exception").
         if self.queue is not None:
             self.stop.set()
+            self.thread.join(timeout=10)

@@ -5,39 +5,74 @@ import json
 import os
 from typing import Optional
 
-# Dense bf16 tensor-core peaks (FLOP/s) from NVIDIA's datasheets, without sparsity. Matched
-# against torch.cuda.get_device_name() in order: more specific names first.
+# Dense bf16 tensor-core peaks (FLOP/s) from NVIDIA's datasheets, without sparsity, matched
+# against torch.cuda.get_device_name() in order: more specific names first ("GH200" before
+# "H200", "H100 PCIe" before "H100"). FP8 runs are measured against these bf16 peaks too (see
+# peak_note): an FP8 MFU against the FP8 peak would halve the number for the same speed and
+# hide whether FP8 made training faster.
 PEAK_BF16_FLOPS = (
-    ("H100 NVL", 835e12),
-    ("H100 PCIe", 756e12),
-    ("H100", 989.4e12),      # SXM5 ("NVIDIA H100 80GB HBM3")
-    ("H200 NVL", 835e12),
-    ("H200", 989.4e12),      # SXM
-    ("GH200", 989.4e12),
-    ("B200", 2250e12),
-    ("A100", 312e12),
+    ("GH200", "GH200", 989.4e12),
+    ("H200 NVL", "H200 NVL", 835e12),
+    ("H200", "H200 SXM", 989.4e12),
+    ("H100 NVL", "H100 NVL", 835e12),
+    ("H100 PCIe", "H100 PCIe", 756e12),
+    ("H100", "H100 SXM", 989.4e12),      # "NVIDIA H100 80GB HBM3"
+    ("B200", "B200", 2250e12),
+    ("A100", "A100", 312e12),            # SXM and PCIe alike
 )
 
 
 def peak_flops(device_name: Optional[str]) -> Optional[float]:
-    """bf16 peak of a known GPU; None for anything else (no MFU rather than a guess)."""
-    if not device_name:
-        return None
-    for key, peak in PEAK_BF16_FLOPS:
-        if key in device_name:
-            return peak
+    """bf16 dense peak of a known GPU; None for anything else (no MFU rather than a guess)."""
+    found = _peak_entry(device_name)
+    return found[2] if found else None
+
+
+def _peak_entry(device_name: Optional[str]):
+    for entry in PEAK_BF16_FLOPS:
+        if device_name and entry[0] in device_name:
+            return entry
     return None
+
+
+def peak_note(device_name: Optional[str], fp8: bool) -> str:
+    """Which peak train/mfu is measured against, said once at start and kept in config.yaml."""
+    found = _peak_entry(device_name)
+    if found is None:
+        return (f"no MFU: '{device_name}' is not in the peak table (H100/H200/GH200/B200/"
+                "A100); tokens/s is still measured")
+    note = f"MFU against the {found[1]} bf16 dense peak, {found[2] / 1e12:g} TFLOP/s"
+    if fp8:
+        note += " (FP8 run: MFU is against the bf16 peak, not the FP8 one)"
+    return note
 
 
 def mfu(flops_per_token: float, tokens_per_sec_per_device: float,
         peak: Optional[float]) -> Optional[float]:
+    """Model FLOPs utilisation: the model's training FLOPs actually done per second on one
+    device over that device's peak. Recomputation (activation checkpointing) is not counted:
+    it is work, not progress."""
     if peak is None or tokens_per_sec_per_device <= 0:
         return None
     return flops_per_token * tokens_per_sec_per_device / peak
 
 
+def throughput(tokens_per_step: int, steps: int, seconds: float, world: int,
+               flops_per_token: float, peak: Optional[float]) -> dict:
+    """train/tokens_per_sec (all devices), per device, step time and MFU over an interval of
+    `steps` optimizer steps that took `seconds` of training time (eval excluded)."""
+    tok_s = tokens_per_step * steps / seconds if seconds > 0 else 0.0
+    row = {"train/tokens_per_sec": tok_s, "train/tokens_per_sec_per_device": tok_s / world,
+           "train/step_time": seconds / steps if steps else 0.0}
+    m = mfu(flops_per_token, tok_s / world, peak)
+    if m is not None:
+        row["train/mfu"] = m
+    return row
+
+
 class MetricsWriter:
-    """One JSON object per line in <output_dir>/metrics.jsonl (main process only)."""
+    """One JSON object per line in a run-directory file (metrics.jsonl, samples.jsonl), written
+    by the main process only."""
 
     def __init__(self, path: str, enabled: bool):
         self.path, self.enabled = path, enabled

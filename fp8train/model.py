@@ -235,5 +235,20 @@ class GPT(nn.Module):
         return 6.0 * matmul_params + 12.0 * c.n_layer * c.n_embd * c.block_size
 
 
+@torch.no_grad()
+def generate(model: nn.Module, idx: torch.Tensor, max_new_tokens: int, vocab_size: int,
+             block_size: int, generator: torch.Generator, temperature: float = 0.8,
+             top_k: int = 50) -> torch.Tensor:
+    """Sample continuations of `idx` (B, T) with top-k sampling. `generator` keeps sampling off
+    the global RNG, so that samples at eval time do not change the training run. No KV cache:
+    the few short samples taken at eval time do not need one."""
+    for _ in range(max_new_tokens):
+        logits = model(idx[:, -block_size:])[:, -1, :vocab_size].float() / temperature
+        kth = torch.topk(logits, min(top_k, vocab_size)).values[:, -1:]
+        probs = torch.softmax(logits.masked_fill(logits < kth, float("-inf")), dim=-1)
+        idx = torch.cat([idx, torch.multinomial(probs, 1, generator=generator)], dim=1)
+    return idx
+
+
 def _recompute_in_backward(block: nn.Module, x: torch.Tensor) -> torch.Tensor:
     return checkpoint(block, x, use_reentrant=False)

@@ -18,11 +18,13 @@ from .config import Config, ConfigError
 from .data import (BatchStream, RandomWindows, build_tokenizer, corpus_path, load_prepared, load_tokens,
                    prepared_dir, val_batches)
 from .loss import lm_loss
-from .metrics import MetricsWriter, mfu, peak_flops
+from .metrics import MetricsWriter, peak_flops, peak_note, throughput
 from .model import GPT, model_config_from
 from .precision import Precision, build_precision
 from .runlog import RunLog
+from .samples import Sampler
 from .schedule import lr_at, scaled_lr
+from .tracking import Tracker, environment, sweep_run_id
 
 
 def build_optimizer(model: torch.nn.Module, cfg: Config, fused: bool) -> torch.optim.AdamW:
@@ -63,10 +65,6 @@ def train(cfg: Config) -> int:
     from accelerate import Accelerator, PartialState
     from accelerate.utils import set_seed
 
-    missing = config_mod.not_implemented(cfg)
-    if missing:
-        raise ConfigError(f"{cfg.source}: " + "; ".join(missing))
-
     # Without CUDA, say so up front: under torchrun that selects gloo (multi-process CPU).
     cpu = not torch.cuda.is_available()
     state = PartialState(cpu=cpu)
@@ -78,6 +76,10 @@ def train(cfg: Config) -> int:
         plan = manual_plan(cfg, state.num_processes)
 
     # --- run directory and resume point ---------------------------------------------------------
+    trial = sweep_run_id()
+    if trial and os.path.basename(os.path.normpath(cfg.output_dir)) != trial:
+        # A sweep agent starts every trial with the same command line: one directory each.
+        cfg.output_dir = os.path.join(cfg.output_dir, trial)
     ckpt = CheckpointManager(cfg.output_dir, cfg.keep_checkpoints)
     resume_from = None if cfg.plan_only else resolve_resume(cfg.resume, ckpt)
     _ensure_writable_dir(cfg.output_dir, cfg.source)
@@ -93,6 +95,7 @@ def train(cfg: Config) -> int:
         cpu=cpu,
         gradient_accumulation_steps=plan.accum if plan else 1,
         step_scheduler_with_optimizer=False,
+        log_with=Tracker.log_with(cfg),
         **prec.accelerator_kwargs())
     device = accelerator.device
 
@@ -158,6 +161,8 @@ def train(cfg: Config) -> int:
     set_seed(cfg.seed + accelerator.process_index)
     metrics = MetricsWriter(os.path.join(cfg.output_dir, "metrics.jsonl"),
                             accelerator.is_main_process)
+    samples_file = MetricsWriter(os.path.join(cfg.output_dir, "samples.jsonl"),
+                                 accelerator.is_main_process)
     if resume_from is not None:
         try:
             accelerator.load_state(resume_from)
@@ -170,13 +175,17 @@ def train(cfg: Config) -> int:
             log.warn("resuming with settings that differ from the checkpoint's (training "
                      "continues with the new values): " + ", ".join(changed))
         dropped = metrics.truncate_after(train_state.step)
+        samples_file.truncate_after(train_state.step)
         log.info(f"resumed from {resume_from} at step {train_state.step:,} "
                  f"({train_state.tokens:,} tokens)"
                  + (f"; dropped {dropped} metrics rows logged after it" if dropped else ""))
-    elif metrics.truncate_after(0):
+    elif metrics.truncate_after(0) + samples_file.truncate_after(0):
         log.warn("metrics.jsonl held rows of an earlier run that left no checkpoint; "
                  "they were dropped")
 
+    peak = peak_note(_device_name(device), prec.fp8) if device.type == "cuda" else \
+        "no MFU: not a GPU run"
+    log.info(peak)
     derived = dict(micro_batch_size=plan.micro, gradient_accumulation_steps=plan.accum,
                    world_size=plan.world, effective_batch_size=plan.effective,
                    tokens_per_step=plan.effective * cfg.seq_len, total_steps=sched.total_steps,
@@ -184,9 +193,11 @@ def train(cfg: Config) -> int:
                    peak_learning_rate=max_lr,
                    **prec.derived(), device=_device_name(device),
                    n_params=n_params, vocab_size=mcfg.vocab_size,
-                   padded_vocab_size=mcfg.padded_vocab_size, flops_per_token=flops_per_token)
+                   padded_vocab_size=mcfg.padded_vocab_size, flops_per_token=flops_per_token,
+                   mfu_peak=peak)
     if batch_note:
         derived["batch_discovery"] = batch_note
+    derived["environment"] = environment(accelerator.num_processes)
     config_text = config_mod.dump_yaml(cfg, derived)
     if accelerator.is_main_process:
         with open(os.path.join(cfg.output_dir, "config.yaml"), "w", encoding="utf-8") as fh:
@@ -198,10 +209,22 @@ def train(cfg: Config) -> int:
         log.close()
         return 0
 
+    tracker = Tracker(accelerator, log.warn, log.info)
+    tracker.start(cfg, {**config_mod.to_dict(cfg), "derived": derived},
+                  resuming=resume_from is not None)
+    samples = Sampler(cfg, mcfg, prec, accelerator, samples_file, log.warn) \
+        if cfg.eval_samples else None
     loop = Loop(cfg, accelerator, prec, model, optimizer, sampler, eval_set, sched, plan,
-                train_state, ckpt, metrics, log, flops_per_token, config_text, max_lr)
-    loop.run()
-    log.close()
+                train_state, ckpt, metrics, log, flops_per_token, config_text, max_lr, tracker,
+                samples)
+    try:
+        loop.run()
+    except BaseException:
+        tracker.finish(failed=True)
+        raise
+    finally:
+        tracker.finish()  # a no-op after a failure
+        log.close()
     return 0
 
 
@@ -279,12 +302,13 @@ class Loop:
 
     def __init__(self, cfg, accelerator, prec: Precision, model, optimizer, sampler, eval_set,
                  sched, plan, train_state, ckpt, metrics, log, flops_per_token, config_text,
-                 max_lr):
+                 max_lr, tracker: Tracker, samples: "Sampler | None"):
         self.cfg, self.acc, self.prec, self.model, self.opt = cfg, accelerator, prec, model, \
             optimizer
         self.sampler, self.eval_set, self.sched, self.plan = sampler, eval_set, sched, plan
         self.st, self.ckpt, self.metrics, self.log = train_state, ckpt, metrics, log
         self.flops_per_token, self.config_text = flops_per_token, config_text
+        self.tracker, self.samples = tracker, samples
         self.device = accelerator.device
         self.peak = peak_flops(_device_name(self.device)) if self.device.type == "cuda" else None
         self.tokens_per_step = plan.effective * cfg.seq_len
@@ -292,7 +316,9 @@ class Loop:
         self.lr_args = dict(max_lr=max_lr, warmup_steps=cfg.warmup_steps,
                             total_steps=sched.lr_steps, min_lr_ratio=cfg.min_lr_ratio)
         self.max_norm = cfg.grad_clip if cfg.grad_clip > 0 else float("inf")
-        self.progress = _Progress(log, sched.total_steps, train_state.step)
+        # Under FP8 the MFU is against the bf16 peak (see metrics.peak_note): say so where shown.
+        self.progress = _Progress(log, sched.total_steps, train_state.step,
+                                  mfu_label=" of bf16 peak" if prec.fp8 else "")
 
     def run(self) -> None:
         cfg, st = self.cfg, self.st
@@ -301,72 +327,78 @@ class Loop:
         loss_sum = torch.zeros((), device=self.device)
         penalty_sum = torch.zeros((), device=self.device)
         interval_steps = 0
+        data_wait = 0.0   # host seconds spent waiting for the next micro-batch
         clock = _TrainClock(self.device)  # training time only: eval and checkpoints excluded
         self.model.train()
         stop_reason = None
         batches = BatchStream(self.sampler, st.data_position, self.rank_offset, self.plan.micro,
                               self.plan.accum, self.plan.effective,
                               pin=self.device.type == "cuda", depth=cfg.data_prefetch)
-        while st.step < self.sched.total_steps:
-            lr = lr_at(st.step, **self.lr_args)
-            for group in self.opt.param_groups:
-                group["lr"] = lr
-            last = st.step + 1 == self.sched.total_steps
-            logged = (st.step + 1) % cfg.log_interval == 0 or last
-            if logged:
-                self.prec.watch(True)  # scale statistics on logged steps only
-            # This rank's slice of the step's sequences, one micro-batch at a time.
-            for _ in range(self.plan.accum):
-                x, y = batches.next()
-                x = x.to(self.device, non_blocking=True)
-                y = y.to(self.device, non_blocking=True)
-                with self.acc.accumulate(self.model):  # no_sync except on the last micro-step
-                    with self.prec.forward_context(training=True):
-                        logits = self.model(x)
-                    loss, ce, penalty = lm_loss(logits, y, cfg.penalty_type, cfg.penalty_weight)
-                    self.acc.backward(loss)            # divides by the accumulation steps
-                self.prec.after_backward()
-                loss_sum += ce.detach()
-                penalty_sum += penalty.detach()
-            grad_norm = self.acc.clip_grad_norm_(self.model.parameters(), self.max_norm)
-            self.opt.step()
-            self.opt.zero_grad(set_to_none=True)
-            st.step += 1
-            st.tokens += self.tokens_per_step
-            st.data_position += self.plan.effective
-            interval_steps += 1
+        try:
+            while st.step < self.sched.total_steps:
+                lr = lr_at(st.step, **self.lr_args)
+                for group in self.opt.param_groups:
+                    group["lr"] = lr
+                last = st.step + 1 == self.sched.total_steps
+                logged = (st.step + 1) % cfg.log_interval == 0 or last
+                if logged:
+                    self.prec.watch(True)  # scale statistics on logged steps only
+                # This rank's slice of the step's sequences, one micro-batch at a time.
+                for _ in range(self.plan.accum):
+                    t_wait = time.perf_counter()
+                    x, y = batches.next()
+                    data_wait += time.perf_counter() - t_wait
+                    x = x.to(self.device, non_blocking=True)
+                    y = y.to(self.device, non_blocking=True)
+                    with self.acc.accumulate(self.model):  # no_sync except on the last micro-step
+                        with self.prec.forward_context(training=True):
+                            logits = self.model(x)
+                        loss, ce, penalty = lm_loss(logits, y, cfg.penalty_type, cfg.penalty_weight)
+                        self.acc.backward(loss)            # divides by the accumulation steps
+                    self.prec.after_backward()
+                    loss_sum += ce.detach()
+                    penalty_sum += penalty.detach()
+                grad_norm = self.acc.clip_grad_norm_(self.model.parameters(), self.max_norm)
+                self.opt.step()
+                self.opt.zero_grad(set_to_none=True)
+                st.step += 1
+                st.tokens += self.tokens_per_step
+                st.data_position += self.plan.effective
+                interval_steps += 1
 
-            if logged:  # decided before the step, so that the step was watched
-                n = interval_steps * self.plan.accum
-                losses = self.acc.reduce(torch.stack([loss_sum, penalty_sum]) / n, "mean")
-                loss_val, penalty_val = losses.tolist()  # the host sync
-                elapsed = clock.take()
-                st.train_seconds += elapsed
-                extra = self.prec.stats()             # rank 0's scales, read in one go
-                self.prec.watch(False)
-                if extra:
-                    extra = dict(zip(extra, torch.stack(list(extra.values())).tolist()))
-                self._log_train(loss_val, penalty_val, lr, float(grad_norm), interval_steps,
-                                elapsed, extra)
-                loss_sum.zero_()
-                penalty_sum.zero_()
-                interval_steps = 0
-                if cfg.max_hours is not None and not last and \
-                        self._agreed(time.time() - start_time > cfg.max_hours * 3600):
-                    stop_reason = f"max_hours ({cfg.max_hours:g}) reached"
-            do_eval = st.step % cfg.eval_interval == 0 or last or stop_reason
-            do_ckpt = st.step % cfg.checkpoint_interval == 0 or last or stop_reason
-            if do_eval or do_ckpt:
-                clock.pause()
-                if do_eval:
-                    self._evaluate()
-                if do_ckpt:
-                    path = self.ckpt.save(self.acc, st.step, self.config_text)
-                    self.log.file_only(f"checkpoint: {path}")
-                clock.resume()
-            if stop_reason:
-                break
-        batches.close()
+                if logged:  # decided before the step, so that the step was watched
+                    n = interval_steps * self.plan.accum
+                    losses = self.acc.reduce(torch.stack([loss_sum, penalty_sum]) / n, "mean")
+                    loss_val, penalty_val = losses.tolist()  # the host sync
+                    elapsed = clock.take()
+                    st.train_seconds += elapsed
+                    extra = self.prec.stats()             # rank 0's scales, read in one go
+                    self.prec.watch(False)
+                    if extra:
+                        extra = dict(zip(extra, torch.stack(list(extra.values())).tolist()))
+                    self._log_train(loss_val, penalty_val, lr, float(grad_norm), interval_steps,
+                                    elapsed, data_wait, extra)
+                    data_wait = 0.0
+                    loss_sum.zero_()
+                    penalty_sum.zero_()
+                    interval_steps = 0
+                    if cfg.max_hours is not None and not last and \
+                            self._agreed(time.time() - start_time > cfg.max_hours * 3600):
+                        stop_reason = f"max_hours ({cfg.max_hours:g}) reached"
+                do_eval = st.step % cfg.eval_interval == 0 or last or stop_reason
+                do_ckpt = st.step % cfg.checkpoint_interval == 0 or last or stop_reason
+                if do_eval or do_ckpt:
+                    clock.pause()
+                    if do_eval:
+                        self._evaluate()
+                    if do_ckpt:
+                        path = self.ckpt.save(self.acc, st.step, self.config_text)
+                        self.log.file_only(f"checkpoint: {path}")
+                    clock.resume()
+                if stop_reason:
+                    break
+        finally:
+            batches.close()
         self.progress.close()
         done = f"stopped early: {stop_reason}; resume with --resume" if stop_reason else "done"
         self.log.info(f"{done} at step {st.step:,} ({st.tokens:,} tokens, "
@@ -380,23 +412,22 @@ class Loop:
         from accelerate.utils import broadcast
         return bool(broadcast(torch.tensor([int(flag)], device=self.device)).item())
 
-    def _log_train(self, loss, penalty, lr, grad_norm, steps, elapsed, extra) -> None:
+    def _log_train(self, loss, penalty, lr, grad_norm, steps, elapsed, data_wait,
+                   extra) -> None:
         st = self.st
-        tok_s = self.tokens_per_step * steps / elapsed if elapsed > 0 else 0.0
-        per_dev = tok_s / self.plan.world
         row = {"step": st.step, "tokens": st.tokens, "train/loss": loss,
                "train/penalty": penalty, "train/total_loss": loss + penalty, "train/lr": lr,
-               "train/grad_norm": grad_norm, "train/tokens_per_sec": tok_s,
-               "train/tokens_per_sec_per_device": per_dev,
-               "train/step_time": elapsed / steps if steps else 0.0}
-        m = mfu(self.flops_per_token, per_dev, self.peak)
-        if m is not None:
-            row["train/mfu"] = m
+               "train/grad_norm": grad_norm,
+               **throughput(self.tokens_per_step, steps, elapsed, self.plan.world,
+                            self.flops_per_token, self.peak),
+               "train/data_wait_fraction": min(1.0, data_wait / elapsed) if elapsed > 0 else 0.0}
         if self.device.type == "cuda":
             row["system/gpu_memory_allocated_gb"] = torch.cuda.memory_allocated() / 1e9
             row["system/gpu_memory_peak_gb"] = torch.cuda.max_memory_allocated() / 1e9
+            row["system/gpu_memory_reserved_gb"] = torch.cuda.memory_reserved() / 1e9
         row.update(extra or {})
         self.metrics.write(row)
+        self.tracker.log(row)
         self.progress.update(st.step, row)
 
     @torch.no_grad()
@@ -417,15 +448,22 @@ class Loop:
         row = {"step": self.st.step, "tokens": self.st.tokens, "val/loss": val_loss,
                "val/ppl": math.exp(min(val_loss, 50.0))}
         self.metrics.write(row)
+        self.tracker.log(row)
         self.progress.message(f"eval step {self.st.step:,}: val/loss {val_loss:.4f}, "
                               f"val/ppl {row['val/ppl']:.2f}")
+        if self.samples is not None:
+            texts = self.samples.take(self.model, self.eval_set, self.st.step)
+            self.tracker.log_samples(self.st.step, texts)
+            for s in texts[:1]:
+                self.progress.message(f"sample: {(s['prompt'] + s['sample'])[:200]!r}")
 
 
 class _Progress:
     """A tqdm bar on an interactive terminal; plain log lines otherwise (files, CI, SLURM)."""
 
-    def __init__(self, log: RunLog, total: int, initial: int):
+    def __init__(self, log: RunLog, total: int, initial: int, mfu_label: str = ""):
         self.log, self.total, self.t0, self.initial = log, total, time.time(), initial
+        self.mfu_label = mfu_label
         self.bar = None
         if log.is_main and sys.stdout.isatty():
             from tqdm.auto import tqdm
@@ -435,7 +473,8 @@ class _Progress:
         stats = (f"loss {row['train/loss']:.4f} | lr {row['train/lr']:.2e} | "
                  f"grad {row['train/grad_norm']:.2f} | {row['train/tokens_per_sec']:,.0f} tok/s | "
                  f"{row['train/step_time'] * 1000:.0f} ms/step"
-                 + (f" | mfu {row['train/mfu']:.1%}" if "train/mfu" in row else ""))
+                 + (f" | mfu {row['train/mfu']:.1%}{self.mfu_label}" if "train/mfu" in row
+                    else ""))
         done = step - self.initial
         eta = (time.time() - self.t0) / done * (self.total - step) if done > 0 else 0.0
         line = f"step {step:,}/{self.total:,} | {stats} | ETA {_hms(eta)}"

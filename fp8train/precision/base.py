@@ -38,6 +38,11 @@ class Precision:
         """Entered around every forward pass (training=False: evaluation)."""
         return contextlib.nullcontext()
 
+    def sampling_context(self):
+        """Entered around text generation: sample lengths are arbitrary, so FP8 GEMMs (which
+        need dimensions divisible by 16) are never used there."""
+        return self.forward_context(training=False)
+
     def after_backward(self) -> None:
         """Called after each micro-batch's backward (delayed-scaling updates live here)."""
 
@@ -152,6 +157,9 @@ class Fp8Backend(Precision):
     def high_precision(self):
         """A context in which the converted layers compute like plain Linears (evaluation)."""
         raise NotImplementedError
+
+    def sampling_context(self):
+        return self.high_precision()
 
     def watch(self, on: bool) -> None:
         self.recorder.watch(on)

@@ -22,9 +22,14 @@ def test_bf16_run_on_gpu_reports_memory_and_precision(tmp_path):
     rows = [json.loads(line) for line in open(out / "metrics.jsonl")]
     last = [x for x in rows if "train/loss" in x][-1]
     assert last["system/gpu_memory_peak_gb"] >= last["system/gpu_memory_allocated_gb"] > 0
+    assert last["system/gpu_memory_reserved_gb"] >= last["system/gpu_memory_allocated_gb"]
     from fp8train.metrics import peak_flops
     if peak_flops(torch.cuda.get_device_name()) is not None:
         assert 0 < last["train/mfu"] < 1
+        assert cfg["derived"]["mfu_peak"].startswith("MFU against the")
+    else:
+        assert "train/mfu" not in last and cfg["derived"]["mfu_peak"].startswith("no MFU")
+    assert cfg["derived"]["environment"]["gpu_name"] == torch.cuda.get_device_name()
 
 
 def test_resume_on_gpu_continues_the_step_count(tmp_path):

@@ -1,0 +1,47 @@
+"""A few generated texts at each evaluation: a loss curve says how much a model learned, a
+sample says what. Written to <output_dir>/samples.jsonl and to a W&B table."""
+from __future__ import annotations
+
+import torch
+
+from .config import ConfigError
+from .data import build_tokenizer
+from .model import generate
+
+
+class Sampler:
+    """Continues the first tokens of fixed validation sequences, on the main process only, with
+    its own seeded generator (the training RNG is untouched, so a run with samples trains
+    exactly like one without)."""
+
+    def __init__(self, cfg, mcfg, prec, accelerator, writer, warn):
+        self.cfg, self.mcfg, self.prec, self.acc = cfg, mcfg, prec, accelerator
+        self.writer = writer  # a MetricsWriter on samples.jsonl: truncated on resume alike
+        self.prompt_tokens = max(1, min(32, cfg.seq_len // 2))
+        self.tokenizer = None
+        if accelerator.is_main_process:
+            try:
+                self.tokenizer = build_tokenizer(cfg.tokenizer)
+            except ConfigError as e:
+                warn(f"no text samples: {e}")
+
+    def take(self, model, eval_set, step: int) -> list[dict]:
+        if self.tokenizer is None:
+            return []
+        prompts = torch.cat([x for x, _ in eval_set])[:self.cfg.eval_samples, :self.prompt_tokens]
+        device = self.acc.device
+        gen = torch.Generator(device=device).manual_seed(self.cfg.seed)
+        # The plain module: no DDP hooks, no torch.compile recompiling for every length.
+        net = self.acc.unwrap_model(model, keep_torch_compile=False)
+        was_training = net.training
+        net.eval()
+        with torch.no_grad(), self.prec.sampling_context():
+            out = generate(net, prompts.to(device), self.cfg.sample_tokens, self.mcfg.vocab_size,
+                           self.mcfg.block_size, gen)
+        net.train(was_training)
+        rows = [{"step": step, "prompt": self.tokenizer.decode(p.tolist()),
+                 "sample": self.tokenizer.decode(o[self.prompt_tokens:].tolist())}
+                for p, o in zip(prompts, out.cpu())]
+        for r in rows:
+            self.writer.write(r)
+        return rows

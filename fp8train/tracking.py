@@ -1,0 +1,166 @@
+"""Weights & Biases through Accelerate's tracker, on the main process only, and never at the
+cost of the run: any W&B failure becomes one warning, then offline logging (syncable later with
+`wandb sync`), then none. metrics.jsonl is written either way."""
+from __future__ import annotations
+
+import importlib.metadata
+import importlib.util
+import os
+import secrets
+import string
+import subprocess
+from typing import Callable, Optional
+
+import torch
+
+RUN_ID_FILE = "wandb_run_id"
+
+
+def sweep_run_id() -> Optional[str]:
+    """The W&B run id when this process is a trial started by a sweep agent."""
+    if os.environ.get("WANDB_SWEEP_ID") and os.environ.get("WANDB_RUN_ID"):
+        return os.environ["WANDB_RUN_ID"]
+    return None
+
+
+def environment(num_processes: int) -> dict:
+    """What produced the numbers: code revision, library versions, hardware."""
+    env = {"git_commit": _git_commit()}
+    for dist in ("torch", "accelerate", "transformer-engine", "torchao", "transformers",
+                 "datasets", "wandb", "numpy"):
+        try:
+            env[f"{dist.replace('-', '_')}_version"] = importlib.metadata.version(dist)
+        except importlib.metadata.PackageNotFoundError:
+            pass
+    if torch.cuda.is_available():
+        env["gpu_name"] = torch.cuda.get_device_name()
+        env["gpus_per_node"] = torch.cuda.device_count()
+        env["cuda_version"] = torch.version.cuda
+    else:
+        env["gpu_name"] = None
+    env["gpu_count"] = num_processes if torch.cuda.is_available() else 0
+    return env
+
+
+def _git_commit() -> str:
+    """The project's commit, with '-dirty' when files differ from it; 'unknown' outside git."""
+    root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+    try:
+        sha = subprocess.run(["git", "rev-parse", "HEAD"], cwd=root, capture_output=True,
+                             text=True, timeout=10)
+        if sha.returncode != 0:
+            return "unknown"
+        dirty = subprocess.run(["git", "status", "--porcelain", "--untracked-files=no"],
+                               cwd=root, capture_output=True, text=True, timeout=10)
+        return sha.stdout.strip() + ("-dirty" if dirty.stdout.strip() else "")
+    except (OSError, subprocess.SubprocessError):
+        return "unknown"
+
+
+def wandb_installed() -> bool:
+    return importlib.util.find_spec("wandb") is not None
+
+
+class Tracker:
+    """W&B for one run. `accelerator` must have been built with log_with="wandb" (see
+    `log_with`). All methods are no-ops on other ranks and after W&B has been given up."""
+
+    def __init__(self, accelerator, warn: Callable[[str], None], info: Callable[[str], None]):
+        self.acc, self.warn, self.info = accelerator, warn, info
+        self.active = False
+        self.run = None
+
+    @staticmethod
+    def log_with(cfg) -> Optional[str]:
+        return "wandb" if cfg.use_wandb and wandb_installed() else None
+
+    def start(self, cfg, config: dict, resuming: bool) -> None:
+        if not cfg.use_wandb:
+            return
+        if not wandb_installed():
+            self.warn("use_wandb: the wandb package is not installed (pip install wandb); "
+                      "logging to metrics.jsonl only")
+            return
+        if not self.acc.is_main_process:
+            return
+        init = dict(entity=cfg.wandb_entity, name=cfg.wandb_run_name or
+                    os.path.basename(os.path.normpath(cfg.output_dir)),
+                    tags=list(cfg.wandb_tags) or None, dir=cfg.output_dir, resume="allow")
+        try:
+            init["id"] = self._run_id(cfg.output_dir, resuming)
+            self._init(cfg, config, init)
+        except Exception as e:  # no key, no network, server error: W&B must not stop training
+            self.acc.trackers = []
+            try:
+                self._init(cfg, config, dict(init, mode="offline"))
+            except Exception as e2:
+                self.acc.trackers = []
+                self.warn(f"W&B: {_one_line(e)}; offline logging failed too ({_one_line(e2)}); "
+                          "logging to metrics.jsonl only")
+                return
+            self.warn(f"W&B: {_one_line(e)}; continuing offline (sync later with `wandb sync "
+                      f"{self.run.settings.sync_dir}`)")
+        self.active = True
+        mode = self.run.settings.mode
+        where = self.run.url if mode == "online" else self.run.settings.sync_dir
+        self.info(f"W&B: run {self.run.id} ({mode})" + (f": {where}" if where else ""))
+
+    def _init(self, cfg, config: dict, init: dict) -> None:
+        self.acc.init_trackers(cfg.wandb_project, config=config, init_kwargs={"wandb": init})
+        self.run = self.acc.get_tracker("wandb", unwrap=True)
+        # Our `step` is the x-axis, not W&B's own counter: a resumed run re-logs the steps
+        # after its checkpoint, which W&B's monotonic step would silently drop.
+        self.run.define_metric("step")
+        self.run.define_metric("*", step_metric="step")
+
+    @staticmethod
+    def _run_id(output_dir: str, resuming: bool) -> str:
+        """A sweep trial's id comes from the agent; otherwise one id per run directory, kept
+        in it, so that a resumed run continues the same W&B run."""
+        from_sweep = sweep_run_id()
+        if from_sweep:
+            return from_sweep
+        path = os.path.join(output_dir, RUN_ID_FILE)
+        if resuming and os.path.isfile(path):
+            with open(path, encoding="utf-8") as fh:
+                saved = fh.read().strip()
+            if saved:
+                return saved
+        run_id = "".join(secrets.choice(string.ascii_lowercase + string.digits)
+                         for _ in range(8))   # W&B's own id format
+        with open(path, "w", encoding="utf-8") as fh:
+            fh.write(run_id + "\n")
+        return run_id
+
+    def log(self, row: dict) -> None:
+        if self.active:
+            self._guard(lambda: self.acc.log(row))
+
+    def log_samples(self, step: int, samples: list) -> None:
+        if self.active and samples:
+            import wandb
+            table = wandb.Table(columns=["step", "prompt", "sample"],
+                                data=[[step, s["prompt"], s["sample"]] for s in samples])
+            self._guard(lambda: self.acc.log({"step": step, "samples/text": table}))
+
+    def _guard(self, fn) -> None:
+        try:
+            fn()
+        except Exception as e:
+            self.active = False
+            self.warn(f"W&B logging failed ({_one_line(e)}); continuing with metrics.jsonl only")
+
+    def finish(self, failed: bool = False) -> None:
+        """Close the W&B run, marked failed when training raised. Not
+        accelerator.end_training(): that also destroys the process group."""
+        if self.active:
+            self.active = False
+            try:
+                self.run.finish(exit_code=1 if failed else 0)
+            except Exception as e:
+                self.warn(f"W&B: finishing the run failed ({_one_line(e)})")
+
+
+def _one_line(e: BaseException) -> str:
+    text = " ".join(str(e).split()) or type(e).__name__
+    return text[:300]

@@ -1,0 +1,580 @@
+"""W&B sweeps (run_sweep.py, fp8train/sweep/): sweep-file validation, the local runner end to
+end (real train_fp8.py trials), seeded random sampling, and the agent path up to the W&B server:
+the trial command line is compared with the one wandb's own agent code builds. The only thing
+stubbed anywhere is the W&B server (wandb.Api, wandb.sweep, the agent's process launcher)."""
+import csv
+import glob
+import json
+import math
+import os
+import subprocess
+import sys
+
+import pytest
+import yaml
+
+from conftest import DATA_DIR, ROOT
+from fp8train import sweep as S
+
+SHIPPED = sorted(glob.glob(str(ROOT / "configs" / "sweeps" / "*.yaml")))
+GRID = [0.0, 0.005, 0.01, 0.02, 0.05]
+COMMAND = ["${env}", "${interpreter}", "${program}", "--config", "configs/test_fp8.yaml",
+           "${args}"]
+
+
+def write(tmp_path, cfg, name="s.yaml"):
+    p = tmp_path / name
+    p.write_text(cfg if isinstance(cfg, str) else yaml.safe_dump(cfg, sort_keys=False))
+    return str(p)
+
+
+def sweep_cfg(parameters, method="grid", **extra):
+    return dict(program="train_fp8.py", method=method,
+                metric={"name": "val/loss", "goal": "minimize"}, parameters=parameters,
+                command=list(COMMAND), **extra)
+
+
+def run_sweep(*args, env=None, timeout=300):
+    full_env = dict(os.environ, FP8TRAIN_DATA_DIR=DATA_DIR, PYTHONUNBUFFERED="1")
+    # `${interpreter}` is `python`, as with `wandb agent`: make it this test's interpreter
+    full_env["PATH"] = os.path.dirname(sys.executable) + os.pathsep + full_env.get("PATH", "")
+    full_env.update(env or {})
+    return subprocess.run([sys.executable, "run_sweep.py", *map(str, args)], cwd=ROOT,
+                          env=full_env, capture_output=True, text=True, timeout=timeout)
+
+
+# --- validation ---------------------------------------------------------------------------------
+
+def test_the_three_lambda_sweeps_are_shipped():
+    names = {os.path.basename(p) for p in SHIPPED}
+    assert {"sweep_lambda.yaml", "sweep_lambda_openwebtext.yaml",
+            "sweep_lambda_fineweb.yaml"} <= names
+
+
+@pytest.mark.parametrize("path", SHIPPED, ids=os.path.basename)
+def test_every_shipped_sweep_validates(path):
+    cfg = S.validate_sweep(path)
+    assert cfg["program"] == "train_fp8.py" and cfg["method"] in S.METHODS
+    assert cfg["metric"] == {"name": "val/loss", "goal": "minimize"}
+    cmd = cfg["command"]
+    assert cmd[:3] == ["${env}", "${interpreter}", "${program}"] and cmd[-1] == "${args}"
+    assert cmd[3] == "--config" and os.path.isfile(ROOT / cmd[4])
+    if os.path.basename(path).startswith("sweep_lambda"):
+        assert cfg["parameters"]["penalty_weight"] == {"values": GRID}
+
+
+def test_lambda_sweeps_use_their_base_configs():
+    def load(name):
+        return yaml.safe_load(open(ROOT / "configs" / "sweeps" / name))
+    assert load("sweep_lambda.yaml")["command"][4] == "configs/test_fp8.yaml"
+    owt = load("sweep_lambda_openwebtext.yaml")
+    assert owt["command"][4] == "configs/openwebtext_adaptive_batch.yaml"
+    assert owt["parameters"]["use_wandb"] == {"value": True}
+    fw = load("sweep_lambda_fineweb.yaml")
+    assert fw["command"][4] == "configs/fineweb_edu_fp8.yaml"
+    assert fw["parameters"]["use_fp8"] == {"value": True}
+    assert fw["parameters"]["dataset"] == {"value": "fineweb-edu"}
+
+
+BAD = {
+    "unknown_parameter": (sweep_cfg({"penalty_wieght": {"values": [0.0, 0.1]}}),
+                          "parameters.penalty_wieght: not a config key (did you mean "
+                          "penalty_weight?)"),
+    "bad_value": (sweep_cfg({"penalty_type": {"value": "z_loss"},
+                             "penalty_weight": {"values": [0.0, -0.1]}}),
+                  "parameters.penalty_weight: value -0.1 is not valid: key 'penalty_weight' "
+                  "must be a number >= 0.0"),
+    "first_value_invalid": (sweep_cfg({"learning_rate": {"values": [-1.0, 1.0e-3]}}),
+                            "parameters.learning_rate: value -1.0 is not valid: key "
+                            "'learning_rate' must be a number > 0.0"),
+    "value_invalid_with_base_config": (
+        sweep_cfg({"penalty_weight": {"values": [0.0, 0.1]}}),
+        "parameters.penalty_weight: value 0.1 is not valid: key 'penalty_weight' is 0.1 but "
+        "penalty_type is 'none'"),
+    "bad_choice": (sweep_cfg({"fp8_backend": {"values": ["te", "cuda"]}}),
+                   "parameters.fp8_backend: value cuda is not valid: key 'fp8_backend' must be "
+                   "one of te, torchao, native"),
+    "missing_program": ({k: v for k, v in sweep_cfg({"seed": {"values": [1, 2]}}).items()
+                         if k != "program"}, "program: missing"),
+    "program_not_a_file": (dict(sweep_cfg({"seed": {"values": [1, 2]}}), program="train.py"),
+                           "program: 'train.py' is not a file in the repository root"),
+    "bad_method": (sweep_cfg({"seed": {"values": [1, 2]}}, method="hyperopt"),
+                   "method: must be grid, random or bayes, got 'hyperopt'"),
+    "bad_metric_goal": (dict(sweep_cfg({"seed": {"values": [1, 2]}}),
+                             metric={"name": "val/loss", "goal": "lowest"}),
+                        "metric.goal: must be minimize or maximize"),
+    "base_config_missing": (dict(sweep_cfg({"seed": {"values": [1, 2]}}),
+                                 command=COMMAND[:4] + ["configs/nope.yaml", "${args}"]),
+                            "command: --config configs/nope.yaml: file not found"),
+    "no_args_macro": (dict(sweep_cfg({"seed": {"values": [1, 2]}}), command=COMMAND[:5]),
+                      "command: needs exactly one ${args}"),
+    "int_key_continuous": (sweep_cfg({"n_layer": {"distribution": "uniform", "min": 1.0,
+                                                  "max": 4.0}}, method="random"),
+                           "parameters.n_layer: uniform point 2.5 is not valid"),
+    "inverted_bounds": (sweep_cfg({"learning_rate": {"distribution": "log_uniform_values",
+                                                     "min": 0.01, "max": 0.001}},
+                                  method="random"),
+                        "parameters.learning_rate: min (0.01) must be smaller than max (0.001)"),
+    "grid_combination": (sweep_cfg({"max_steps": {"values": [100, 40]},
+                                    "warmup_steps": {"values": [10, 50]}}),
+                         "parameters: combination max_steps=40, warmup_steps=50 is not valid"),
+    "top_level_typo": ({**{k: v for k, v in sweep_cfg({}).items() if k != "parameters"},
+                        "paramters": {"seed": {"values": [1]}}},
+                       "paramters: unknown sweep key (did you mean parameters?)"),
+}
+
+
+@pytest.mark.parametrize("case", sorted(BAD))
+def test_bad_sweep_files_are_one_line_exit_2(tmp_path, capsys, case):
+    cfg, expected = BAD[case]
+    path = write(tmp_path, cfg)
+    with pytest.raises(S.SweepError) as e:
+        S.validate_sweep(path)
+    assert str(e.value).startswith(f"{path}: {expected}"), str(e.value)
+    assert "\n" not in str(e.value)
+    # every command validates the same way before doing anything
+    for argv in (["validate", path], ["create", path], ["local", path, "--max-trials", "1"]):
+        assert S.main(argv) == 2
+        err = capsys.readouterr().err
+        assert err == f"error: {e.value}\n"
+
+
+def test_bad_sweeps_through_the_real_entry_point(tmp_path):
+    """Real processes: exit 2, one line naming the file and key, no traceback."""
+    typo = write(tmp_path, sweep_cfg({"penalty_wieght": {"values": [0.0]}}), "typo.yaml")
+    bayes = write(tmp_path, sweep_cfg({"learning_rate": {"distribution": "log_uniform_values",
+                                                         "min": 1e-4, "max": 1e-2}},
+                                      method="bayes"), "bayes.yaml")
+    notyaml = write(tmp_path, "method: grid\nparameters: [unclosed\n", "broken.yaml")
+    cases = [(["validate", typo], f"{typo}: parameters.penalty_wieght: not a config key (did "
+              "you mean penalty_weight?)"),
+             (["local", bayes, "--max-trials", "2"],
+              f"{bayes}: method: bayes needs the W&B server: use create + agent"),
+             (["create", notyaml], f"{notyaml}: not valid YAML"),
+             (["local", str(tmp_path / "nope.yaml")], "sweep file"),
+             (["local", typo.replace("typo", "nope")], "not found")]
+    for argv, expected in cases:
+        r = run_sweep(*argv)
+        assert r.returncode == 2, (argv, r.stdout, r.stderr)
+        lines = r.stderr.strip().splitlines()
+        assert len(lines) == 1 and expected in lines[0], r.stderr
+        assert "Traceback" not in r.stderr
+
+
+def test_random_local_needs_a_trial_count(tmp_path, capsys):
+    path = write(tmp_path, sweep_cfg({"seed": {"distribution": "int_uniform", "min": 0,
+                                               "max": 9}}, method="random"))
+    assert S.main(["local", path]) == 2
+    assert "random needs --max-trials N (or run_cap" in capsys.readouterr().err
+
+
+def test_help_does_not_import_torch_or_wandb():
+    code = ("import runpy, sys; sys.argv = ['run_sweep.py', '--help']\n"
+            "try:\n    runpy.run_path('run_sweep.py', run_name='__main__')\n"
+            "except SystemExit as e:\n    rc = e.code\n"
+            "print('LOADED', 'torch' in sys.modules, 'wandb' in sys.modules, rc)")
+    r = subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True)
+    assert "LOADED False False 0" in r.stdout, r.stderr
+    for cmd in ("create", "agent", "local"):
+        assert cmd in r.stdout
+
+
+# --- local: real trials ---------------------------------------------------------------------
+
+SHORT = ["--max_steps=6", "--eval_interval=6", "--log_interval=3", "--n_layer=2", "--seq_len=64",
+         "--eval_sequences=16", "--batch_size=8", "--warmup_steps=2", "--use_fp8=false",
+         "--use_wandb=false"]
+
+
+def metrics_rows(run_dir):
+    with open(os.path.join(run_dir, "metrics.jsonl")) as fh:
+        return [json.loads(line) for line in fh]
+
+
+def test_local_grid_runs_real_trials_and_tabulates_them(tmp_path):
+    out = tmp_path / "sweep"
+    r = run_sweep("local", "configs/sweeps/sweep_lambda.yaml", "--max-trials", "3",
+                  "--output_dir", out, *SHORT[:5], "--", *SHORT[5:])
+    assert r.returncode == 0, r.stdout[-3000:] + r.stderr[-3000:]
+    assert "grid, 3 of 5 trials" in r.stdout
+    for i in (1, 2, 3):
+        assert f"[trial {i}/3] penalty_weight=" in r.stdout
+    trials = sorted(p for p in os.listdir(out) if p.startswith("trial_"))
+    assert trials == ["trial_001", "trial_002", "trial_003"]
+
+    with open(out / "results.csv") as fh:
+        rows = list(csv.DictReader(fh))
+    assert [row["trial"] for row in rows] == trials
+    assert [float(row["penalty_weight"]) for row in rows] == GRID[:3]
+    for row in rows:
+        run_dir = out / row["run_dir"]
+        log = metrics_rows(run_dir)
+        val = [x["val/loss"] for x in log if "val/loss" in x]
+        tps = sorted(x["train/tokens_per_sec"] for x in log if "train/tokens_per_sec" in x)
+        assert val and math.isfinite(float(row["val_loss"]))
+        assert float(row["val_loss"]) == val[-1]
+        assert float(row["tokens_per_sec"]) == pytest.approx(
+            (tps[(len(tps) - 1) // 2] + tps[len(tps) // 2]) / 2, abs=0.06)
+        assert row["exit_code"] == "0"
+        cfg = yaml.safe_load(open(run_dir / "config.yaml"))
+        # the trial got its parameters, the fixed ones and the overrides from its command line
+        assert cfg["penalty_weight"] == float(row["penalty_weight"])
+        assert cfg["penalty_type"] == "z_loss" and cfg["max_steps"] == 6
+        assert cfg["output_dir"] == str(run_dir)
+    best = min(rows, key=lambda row: float(row["val_loss"]))
+    assert [row["best"] for row in rows].count("1") == 1 and best["best"] == "1"
+    md = (out / "results.md").read_text()
+    assert md.count("**best**") == 1
+    best_line = next(line for line in md.splitlines() if "**best**" in line)
+    assert best["run_dir"] in best_line
+    # a second run into the same directory is refused instead of mixing two sweeps
+    again = run_sweep("local", "configs/sweeps/sweep_lambda.yaml", "--max-trials", "1",
+                      "--output_dir", out, *SHORT)
+    assert again.returncode == 2 and "already holds a sweep's trials" in again.stderr
+
+
+def test_local_failed_trial_exits_1_after_writing_the_table(tmp_path):
+    """A real trial that fails at run time (no corpus in its data_dir, downloads off)."""
+    empty = tmp_path / "no_data"
+    empty.mkdir()
+    path = write(tmp_path, sweep_cfg({"seed": {"values": [1]}}))
+    out = tmp_path / "sweep"
+    r = run_sweep("local", path, "--output_dir", out, *SHORT, f"--data_dir={empty}",
+                  env={"FP8TRAIN_OFFLINE": "1", "HF_HUB_OFFLINE": "1"})
+    assert r.returncode == 1, r.stdout[-2000:] + r.stderr[-2000:]
+    assert "[trial 1/1] FAILED (exit code" in r.stdout and "1 of 1 trials failed" in r.stdout
+    rows = list(csv.DictReader(open(out / "results.csv")))
+    assert len(rows) == 1 and rows[0]["exit_code"] != "0" and rows[0]["best"] == "0"
+    assert "**best**" not in (out / "results.md").read_text()
+
+
+def test_a_failed_trial_is_never_best(tmp_path):
+    cfg = sweep_cfg({"seed": {"values": [1, 2, 3]}})
+    results = [dict(trial=f"trial_00{i}", params={"seed": i}, exit_code=rc, run_dir=f"t{i}",
+                    val_loss=v, tokens_per_sec=100.0, metric=v)
+               for i, rc, v in ((1, 0, 3.0), (2, 1, 1.0), (3, 0, float("nan")))]
+    assert S.best_index(results, "minimize") == 0
+    assert S.best_index(results, "maximize") == 0
+    S.write_results(str(tmp_path), "s.yaml", cfg, results)
+    md = (tmp_path / "results.md").read_text().splitlines()
+    table = [line for line in md if line.startswith("| ") and "trial" not in line][1:]
+    assert table[0].startswith("| **best** | 1 |") and sum("**best**" in t for t in table) == 1
+    assert "failed" in next(t for t in table if "| t2 |" in t)
+
+
+# --- random sampling ----------------------------------------------------------------------------
+
+RANDOM_PARAMS = {
+    "learning_rate": {"distribution": "log_uniform_values", "min": 1e-4, "max": 1e-2},
+    "weight_decay": {"distribution": "uniform", "min": 0.0, "max": 0.2},
+    "n_layer": {"distribution": "int_uniform", "min": 2, "max": 6},
+    "batch_size": {"distribution": "q_uniform", "min": 8, "max": 64, "q": 8},
+    "penalty_type": {"values": ["z_loss", "logit_l2"], "probabilities": [0.8, 0.2]},
+    "penalty_weight": {"values": [0.0, 0.01]},
+    "seed": {"value": 7},
+    "dropout": {"distribution": "log_uniform", "min": -6.0, "max": -2.0},
+}
+
+
+def test_random_sampling_is_seeded_and_respects_bounds(tmp_path):
+    cfg = sweep_cfg(RANDOM_PARAMS, method="random")
+    S.validate_sweep(write(tmp_path, cfg))
+    a = S.random_trials(cfg, 200, seed=3)
+    assert a == S.random_trials(cfg, 200, seed=3)
+    assert a != S.random_trials(cfg, 200, seed=4)
+    assert S.random_trials(cfg, 5, seed=3) == a[:5]
+    for t in a:
+        assert 1e-4 <= t["learning_rate"] <= 1e-2 and 0.0 <= t["weight_decay"] <= 0.2
+        assert isinstance(t["n_layer"], int) and 2 <= t["n_layer"] <= 6
+        assert isinstance(t["batch_size"], int) and t["batch_size"] % 8 == 0 \
+            and 8 <= t["batch_size"] <= 64
+        assert t["penalty_type"] in ("z_loss", "logit_l2") and t["penalty_weight"] in (0.0, 0.01)
+        assert t["seed"] == 7 and math.exp(-6) <= t["dropout"] <= math.exp(-2)
+    # the draws cover the space: both ends of the log range, every integer, the probabilities
+    lrs = [t["learning_rate"] for t in a]
+    assert min(lrs) < 3e-4 and max(lrs) > 3e-3
+    assert {t["n_layer"] for t in a} == {2, 3, 4, 5, 6}
+    share = sum(t["penalty_type"] == "z_loss" for t in a) / len(a)
+    assert 0.7 < share < 0.9
+    # each drawn set is a valid train_fp8.py command line
+    for t in a[:20]:
+        S.check_trial_config(COMMAND, "train_fp8.py", t)
+
+
+def test_grid_is_the_cartesian_product_in_file_order():
+    cfg = sweep_cfg({"penalty_type": {"value": "z_loss"},
+                     "penalty_weight": {"values": [0.0, 0.01]},
+                     "n_layer": {"distribution": "int_uniform", "min": 1, "max": 3}})
+    assert S.grid_trials(cfg) == [
+        {"penalty_type": "z_loss", "penalty_weight": w, "n_layer": n}
+        for w in (0.0, 0.01) for n in (1, 2, 3)]
+
+
+# --- agent: the command line, compared with wandb's own agent code -------------------------
+
+AGENT_ARGS = {"penalty_weight": {"value": 0.005}, "penalty_type": {"value": "z_loss"},
+              "use_wandb": {"value": True}, "compile": {"value": False},
+              "learning_rate": {"value": 1e-05}, "n_layer": {"value": 3},
+              "fp8_exclude": {"value": ["lm_head", "wte"]}, "wandb_run_name": {"value": None}}
+SWEEP_ID, RUN_ID = "abc123xy", "run9q8w7e"
+
+
+@pytest.fixture
+def agent_env(tmp_path, monkeypatch):
+    """The environment a sweep agent runs in; monkeypatch restores whatever wandb sets."""
+    monkeypatch.setenv("WANDB_DIR", str(tmp_path))
+    monkeypatch.setenv("WANDB_SWEEP_ID", SWEEP_ID)
+    monkeypatch.setenv("WANDB_RUN_ID", "placeholder")
+    monkeypatch.setenv("WANDB_SWEEP_PARAM_PATH", "placeholder")
+    monkeypatch.setenv("WANDB_SERVICE", "agent-service-token")
+    monkeypatch.setenv("FP8TRAIN_SWEEP_TEST", "inherited")
+    return tmp_path
+
+
+def cli_agent_command(monkeypatch, sweep_command, program, args):
+    """What `wandb agent` (wandb/wandb_agent.py, Agent._command_run) would start for a `run`
+    command from the server. Only the server is stubbed: the Agent gets a placeholder api
+    object and AgentProcess (which would spawn the process) records what it was given."""
+    import wandb.wandb_agent as wa
+
+    started = {}
+
+    class RecordingProcess:
+        def __init__(self, env=None, command=None, function=None, **kw):
+            started.update(command=command, env=dict(env))
+
+    monkeypatch.setattr(wa, "AgentProcess", RecordingProcess)
+    agent = wa.Agent(api=object(), queue=None, sweep_id=SWEEP_ID)
+    agent._sweep_command = list(sweep_command) if sweep_command else []
+    agent._command_run({"type": "run", "run_id": RUN_ID, "program": program,
+                        "args": json.loads(json.dumps(args))})
+    return started["command"], started["env"]
+
+
+def our_agent_command(sweep_config, interpreter=S.DEFAULT_INTERPRETER):
+    """What AgentTrial starts in the same agent environment (the parameters read back from
+    the WANDB_SWEEP_PARAM_PATH file the agent wrote)."""
+    started = {}
+
+    def runner(command, env, cwd):
+        started.update(command=command, env=env, cwd=cwd)
+        return 0
+
+    S.AgentTrial(sweep_config, interpreter=interpreter, runner=runner, out=lambda *a: None)()
+    return started
+
+
+@pytest.mark.parametrize("command", [
+    COMMAND,
+    None,  # no command in the sweep: W&B's default ${env} ${interpreter} ${program} ${args}
+    ["${env}", "${interpreter}", "${program}", "--config=configs/test_fp8.yaml",
+     "${args_no_boolean_flags}", "--tag=${envvar:FP8TRAIN_SWEEP_TEST}", "${envvar:HOME}"],
+    ["${interpreter}", "${program}", "--config", "configs/test_fp8.yaml", "${args_no_equals}",
+     "${args_json_file}", "${unknown_macro}"],
+], ids=["shipped_form", "default", "no_boolean_flags_envvar", "no_equals_json_file"])
+def test_trial_command_equals_what_wandb_agent_runs(agent_env, monkeypatch, command):
+    cfg = {"program": "train_fp8.py", "method": "grid", "parameters": {}}
+    if command is not None:
+        cfg["command"] = list(command)
+    theirs, their_env = cli_agent_command(monkeypatch, command, "train_fp8.py", AGENT_ARGS)
+    ours = our_agent_command(cfg)
+    assert ours["command"] == theirs
+    assert ours["cwd"] == str(ROOT)
+    # the same inherited environment (sweep and run ids included) minus the agent's own
+    # service connection, which the CLI agent's AgentProcess drops too; PATH may gain the
+    # running interpreter's directory in front
+    their_env.pop("WANDB_SERVICE")
+    ours_env = dict(ours["env"])
+    assert ours_env.pop("PATH").endswith(their_env.pop("PATH"))
+    assert ours_env == their_env
+    assert ours["env"]["WANDB_RUN_ID"] == RUN_ID and ours["env"]["WANDB_SWEEP_ID"] == SWEEP_ID
+    if command and "${args_json_file}" in command:
+        path = theirs[theirs.index("--config") + 2 + len(AGENT_ARGS) * 2]
+        assert json.load(open(path)) == {k: v["value"] for k, v in AGENT_ARGS.items()}
+
+
+def test_shipped_sweep_trial_command(agent_env, monkeypatch):
+    cfg = S.validate_sweep(str(ROOT / "configs" / "sweeps" / "sweep_lambda.yaml"))
+    args = {"penalty_weight": {"value": 0.02}, "penalty_type": {"value": "z_loss"},
+            "use_wandb": {"value": True}}
+    theirs, _ = cli_agent_command(monkeypatch, cfg["command"], cfg["program"], args)
+    assert theirs == ["/usr/bin/env", "python", "train_fp8.py", "--config",
+                      "configs/test_fp8.yaml", "--penalty_weight=0.02", "--penalty_type=z_loss",
+                      "--use_wandb=True"]
+    assert our_agent_command(cfg)["command"] == theirs
+    # and train_fp8.py reads it as meant
+    from fp8train.config import load_config
+    run = load_config(S.config_argv(theirs, "train_fp8.py"))
+    assert (run.penalty_weight, run.penalty_type, run.use_wandb) == (0.02, "z_loss", True)
+
+
+@pytest.mark.parametrize("interpreter,expected", [
+    (S.interpreter_for(accelerate_config="accelerate_configs/h200.yaml"),
+     ["accelerate", "launch", "--config_file", "accelerate_configs/h200.yaml"]),
+    (S.interpreter_for(num_processes=8), ["accelerate", "launch", "--num_processes", "8"]),
+])
+def test_accelerate_replaces_only_the_interpreter(agent_env, monkeypatch, interpreter, expected):
+    cfg = S.validate_sweep(str(ROOT / "configs" / "sweeps" / "sweep_lambda_fineweb.yaml"))
+    theirs, _ = cli_agent_command(monkeypatch, cfg["command"], cfg["program"], AGENT_ARGS)
+    ours = our_agent_command(cfg, interpreter)["command"]
+    assert theirs[1] == "python"
+    assert ours == theirs[:1] + expected + theirs[2:]
+
+
+def test_agent_cli_options_choose_the_launcher(tmp_path):
+    import argparse
+    ns = argparse.Namespace(accelerate_config="accelerate_configs/h200.yaml", num_processes=None)
+    assert S.cli._interpreter(ns) == ["accelerate", "launch", "--config_file",
+                                  os.path.abspath("accelerate_configs/h200.yaml")]
+    ns = argparse.Namespace(accelerate_config=None, num_processes=4)
+    assert S.cli._interpreter(ns) == ["accelerate", "launch", "--num_processes", "4"]
+    ns = argparse.Namespace(accelerate_config=None, num_processes=None)
+    assert S.cli._interpreter(ns) == ["python"]
+    with pytest.raises(S.SweepError, match="--accelerate_config: file 'nope.yaml' not found"):
+        S.cli._interpreter(argparse.Namespace(accelerate_config="nope.yaml", num_processes=None))
+    r = run_sweep("agent", "x/y/z", "--accelerate_config", "a.yaml", "--num_processes", "2")
+    assert r.returncode == 2 and "not allowed with argument" in r.stderr
+
+
+def test_function_mode_agent_gives_the_trial_its_run(agent_env, monkeypatch, capsys):
+    """wandb.agent(function=...) (wandb/agents/pyagent.py) sets WANDB_RUN_ID, WANDB_SWEEP_ID
+    and WANDB_SWEEP_PARAM_PATH before calling the function; the trial then runs exactly the
+    CLI agent's command. The server is stubbed (wandb.Api); the job is what a heartbeat
+    returns."""
+    import threading
+
+    import wandb
+    from wandb.agents import pyagent
+
+    class NoServer:
+        def __init__(self, *a, **kw):
+            pass
+
+    monkeypatch.setattr(wandb, "Api", NoServer)
+    cfg = S.validate_sweep(str(ROOT / "configs" / "sweeps" / "sweep_lambda.yaml"))
+    theirs, _ = cli_agent_command(monkeypatch, cfg["command"], cfg["program"], AGENT_ARGS)
+    for k in ("WANDB_RUN_ID", "WANDB_SWEEP_PARAM_PATH"):  # pyagent must set them itself
+        monkeypatch.delenv(k)
+    started = {}
+
+    def runner(command, env, cwd):
+        started.update(command=command, env=env)
+        return 0
+
+    trial = S.AgentTrial(cfg, runner=runner, out=lambda *a: None)
+    agent = pyagent.Agent.__new__(pyagent.Agent)
+    agent._sweep_id, agent._function = SWEEP_ID, trial
+    agent._api_lock = threading.Lock()
+    agent._init()
+    job = pyagent.Job({"type": "run", "run_id": RUN_ID, "program": "train_fp8.py",
+                       "args": dict(AGENT_ARGS)})
+    agent._run_status[RUN_ID] = pyagent.RunStatus.RUNNING
+    agent._run_done[RUN_ID] = threading.Event()
+    agent._run_job(job)
+    assert agent._run_status[RUN_ID] == pyagent.RunStatus.RUNNING  # not errored
+    assert started["env"]["WANDB_RUN_ID"] == RUN_ID
+    assert started["env"]["WANDB_SWEEP_ID"] == SWEEP_ID
+    assert "WANDB_SERVICE" not in started["env"]
+    assert started["command"] == theirs
+    assert trial.results == [(RUN_ID, 0)]
+
+    # a failing trial is reported to the agent as an errored run
+    failing = S.AgentTrial(cfg, runner=lambda command, env, cwd: 3, out=lambda *a: None)
+    agent._function = failing
+    agent._run_done["r2"] = threading.Event()
+    agent._run_status["r2"] = pyagent.RunStatus.RUNNING
+    agent._run_job(pyagent.Job({"type": "run", "run_id": "r2", "args": dict(AGENT_ARGS)}))
+    assert agent._run_status["r2"] == pyagent.RunStatus.ERRORED
+    assert "exited with code 3" in str(agent._exceptions["r2"])
+    assert "TrialFailed: trial r2: train_fp8.py exited with code 3" in capsys.readouterr().err
+
+
+def test_trial_process_is_stopped_when_the_agent_stops_it(tmp_path):
+    """A W&B stop command (or Ctrl-C) interrupts the waiting trial: the process group gets
+    SIGTERM before the interruption propagates."""
+    import threading
+    import time
+
+    marker = tmp_path / "terminated"
+    script = ("import signal, sys, time\n"
+              f"signal.signal(signal.SIGTERM, lambda *a: (open({str(marker)!r}, 'w').close(), "
+              "sys.exit(3)))\n"
+              "print('ready', flush=True)\n"
+              "time.sleep(60)\n")
+    box = {}
+
+    def target():
+        try:
+            S.run_command([sys.executable, "-c", script], env=dict(os.environ), cwd=str(ROOT),
+                          grace=10)
+        except BaseException as e:  # noqa: B036 - what pyagent's stop injects
+            box["exc"] = e
+
+    t = threading.Thread(target=target)
+    t.start()
+    time.sleep(1.5)
+    from wandb.agents.pyagent import _terminate_thread
+    _terminate_thread(t)  # what pyagent does for a `stop` command
+    t.join(timeout=20)
+    assert not t.is_alive() and "exc" in box and marker.exists()
+
+
+# --- create ---------------------------------------------------------------------------------
+
+def test_create_sends_the_validated_sweep_and_prints_its_id(monkeypatch, capsys):
+    """wandb.sweep is the server boundary: stubbed, it records what it was given."""
+    import wandb
+
+    calls = []
+
+    def fake_sweep(sweep, project=None, entity=None, **kw):
+        calls.append(dict(sweep=sweep, project=project, entity=entity))
+        return "sw33pid"
+
+    monkeypatch.setattr(wandb, "sweep", fake_sweep)
+    path = str(ROOT / "configs" / "sweeps" / "sweep_lambda.yaml")
+    assert S.main(["create", path, "--project", "lam", "--entity", "team"]) == 0
+    assert calls == [dict(sweep=yaml.safe_load(open(path)), project="lam", entity="team")]
+    out = capsys.readouterr().out
+    assert "sweep id: sw33pid" in out
+    assert "python run_sweep.py agent team/lam/sw33pid" in out
+    assert "wandb agent team/lam/sw33pid" in out
+    # project and entity default to the base config's wandb_project / wandb_entity
+    calls.clear()
+    assert S.main(["create", path]) == 0
+    assert calls[0]["project"] == "fp8train" and calls[0]["entity"] is None
+
+
+def test_create_server_errors_are_one_line_exit_1(monkeypatch, capsys):
+    import wandb
+
+    def unreachable(*a, **kw):
+        raise ConnectionError("could not reach api.wandb.ai\nretrying...")
+
+    monkeypatch.setattr(wandb, "sweep", unreachable)
+    path = str(ROOT / "configs" / "sweeps" / "sweep_lambda.yaml")
+    assert S.main(["create", path, "--project", "p"]) == 1
+    err = capsys.readouterr().err
+    assert err == ("error: cannot create the sweep on W&B (project p): ConnectionError: could "
+                   "not reach api.wandb.ai\n")
+
+
+def test_agent_refuses_a_sweep_whose_trials_would_not_log(monkeypatch, capsys, tmp_path):
+    """The sweep config comes from the server (stubbed): trials without use_wandb would never
+    report the metric, so the agent stops before starting any."""
+    cfg = sweep_cfg({"seed": {"values": [1, 2]}})
+    monkeypatch.setattr(S.server, "fetch_sweep_config", lambda *a: cfg)
+    assert S.main(["agent", "e/p/abc"]) == 2
+    assert "the trials would not log to W&B" in capsys.readouterr().err
+
+
+def test_local_trial_environment():
+    env = S.trial_env({"PATH": "/usr/bin", "WANDB_SWEEP_ID": "x", "WANDB_RUN_ID": "y",
+                       "WANDB_SERVICE": "s", "HOME": "/h"}, local=True)
+    assert env["WANDB_MODE"] == "offline" and env["HOME"] == "/h"
+    assert not {"WANDB_SWEEP_ID", "WANDB_RUN_ID", "WANDB_SERVICE"} & set(env)
+    assert S.trial_env({"WANDB_MODE": "online"}, local=True)["WANDB_MODE"] == "online"
+    agent = S.trial_env({"WANDB_SWEEP_ID": "x", "WANDB_RUN_ID": "y", "PATH": "/usr/bin"})
+    assert agent["WANDB_SWEEP_ID"] == "x" and agent["WANDB_RUN_ID"] == "y"
+    assert "WANDB_MODE" not in agent
+

@@ -1,0 +1,206 @@
+"""W&B logging through W&B's own client in offline mode (the server is the one thing that cannot
+exist here). The offline run file is read back record by record, so the tests see exactly what
+`wandb sync` would upload."""
+import glob
+import json
+import os
+import struct
+import subprocess
+import sys
+
+import pytest
+
+from conftest import DATA_DIR, ROOT, run_train, tiny_args
+
+pytest.importorskip("wandb")
+
+
+def wandb_env(tmp_path, **extra):
+    """No key, no netrc, no settings from the machine's user: only what the test says."""
+    env = {k: v for k, v in os.environ.items() if not k.startswith("WANDB_")}
+    env.update(HOME=str(tmp_path / "home"), NETRC=str(tmp_path / "home" / "netrc"),
+               WANDB_CONFIG_DIR=str(tmp_path / "home" / ".wandb"), **extra)
+    return env
+
+
+def run_with_env(args, env):
+    env = dict(env, FP8TRAIN_DATA_DIR=DATA_DIR, PYTHONUNBUFFERED="1")
+    return subprocess.run([sys.executable, "train_fp8.py", *map(str, args)], cwd=ROOT, env=env,
+                          capture_output=True, text=True, timeout=600, stdin=subprocess.DEVNULL)
+
+
+def wandb_records(run_dir):
+    """The records of an offline run's .wandb file: W&B's framing (a 7-byte header, then 32 KiB
+    blocks of [crc32c, length, type] chunks, as in LevelDB's log format) around protobuf
+    Records."""
+    from wandb.proto import wandb_internal_pb2 as pb
+    (path,) = glob.glob(os.path.join(run_dir, "run-*.wandb"))
+    data = open(path, "rb").read()
+    assert data[:4] == b":W&B"
+    block, pos, pending, records = 32768, 7, b"", []
+    while pos + 7 <= len(data):
+        left = block - pos % block
+        if left < 7:                      # a block's tail too short for a header is padding
+            pos += left
+            continue
+        _, length, kind = struct.unpack("<IHB", data[pos:pos + 7])
+        chunk, pos = data[pos + 7:pos + 7 + length], pos + 7 + length
+        if kind == 1:                     # full
+            records.append(chunk)
+        elif kind == 2:                   # first
+            pending = chunk
+        elif kind == 3:                   # middle
+            pending += chunk
+        elif kind == 4:                   # last
+            records.append(pending + chunk)
+    out = []
+    for raw in records:
+        rec = pb.Record()
+        rec.ParseFromString(raw)
+        out.append(rec)
+    return out
+
+
+def history_and_config(run_dir):
+    history, config = [], {}
+    for rec in wandb_records(run_dir):
+        kind = rec.WhichOneof("record_type")
+        if kind == "history":
+            history.append({(i.key or "/".join(i.nested_key)): json.loads(i.value_json)
+                            for i in rec.history.item})
+        elif kind in ("config", "run"):
+            items = rec.config.update if kind == "config" else rec.run.config.update
+            for i in items:
+                config[i.key or "/".join(i.nested_key)] = json.loads(i.value_json)
+    return history, config
+
+
+def offline_runs(out):
+    return sorted(glob.glob(str(out / "wandb" / "offline-run-*")))
+
+
+def metrics_rows(out):
+    return [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines()]
+
+
+def test_offline_run_holds_every_metric_the_config_and_resumes_the_same_run(tmp_path):
+    out = tmp_path / "run"
+    env = wandb_env(tmp_path, WANDB_MODE="offline")
+    args = tiny_args(out, use_fp8="true", fp8_backend="native", use_wandb="true",
+                     wandb_tags="[ci, fp8]", max_steps=6)
+    r = run_with_env(args, env)
+    assert r.returncode == 0, r.stderr[-3000:]
+    assert "W&B: run" in r.stdout and "(offline)" in r.stdout
+    (run_dir,) = offline_runs(out)
+    run_id = (out / "wandb_run_id").read_text().strip()
+    assert run_dir.endswith("-" + run_id)
+
+    history, config = history_and_config(run_dir)
+    # The full resolved config and the derived values, as in config.yaml.
+    assert config["use_fp8"] is True and config["fp8_backend"] == "native"
+    assert config["wandb_tags"] == ["ci", "fp8"] and config["max_steps"] == 6
+    derived = config["derived"]
+    assert (derived["micro_batch_size"], derived["gradient_accumulation_steps"],
+            derived["world_size"]) == (8, 2, 1)
+    assert derived["precision"] == "fp32" and derived["fp8_layers"] == 8
+    assert derived["fp8"].startswith("native") and "emulated" in derived["fp8"]
+    env_info = derived["environment"]
+    assert env_info["torch_version"] and env_info["wandb_version"] and env_info["gpu_count"] == 0
+    assert len(env_info["git_commit"].split("-")[0]) == 40 or env_info["git_commit"] == "unknown"
+
+    # Every metrics.jsonl row went to W&B with the same values, keyed by our own step.
+    rows = metrics_rows(out)
+    train = [h for h in history if "train/loss" in h]
+    assert [h["step"] for h in train] == [x["step"] for x in rows if "train/loss" in x] == [4, 6]
+    for key in ("train/loss", "train/lr", "train/grad_norm", "train/tokens_per_sec",
+                "train/tokens_per_sec_per_device", "train/step_time",
+                "train/data_wait_fraction", "train/penalty", "fp8/fwd_scale", "fp8/bwd_scale",
+                "fp8/amax", "fp8/blocks.0.attn.qkv/fwd_scale_input"):
+        assert train[-1][key] == pytest.approx([x for x in rows if "train/loss" in x][-1][key])
+    val = [h for h in history if "val/loss" in h]
+    assert [h["step"] for h in val] == [6] and val[0]["val/ppl"] > 1
+    tables = [h for h in history if "samples/text/_type" in h]
+    assert tables and tables[0]["samples/text/_type"] == "table-file" and \
+        tables[0]["samples/text/nrows"] == 2
+    samples = [json.loads(line) for line in (out / "samples.jsonl").read_text().splitlines()]
+    assert [s["step"] for s in samples] == [6, 6] and all(s["sample"] for s in samples)
+
+    # A resumed run continues the same W&B run.
+    r = run_with_env(args[:-1] + ["--max_steps=12", "--resume"], env)
+    assert r.returncode == 0, r.stderr[-3000:]
+    runs = offline_runs(out)
+    assert len(runs) == 2 and all(d.endswith("-" + run_id) for d in runs)
+    history2, _ = history_and_config(runs[-1])
+    assert [h["step"] for h in history2 if "train/loss" in h] == [8, 12]
+
+
+def test_no_api_key_gives_one_warning_and_an_offline_run(tmp_path):
+    out = tmp_path / "run"
+    r = run_with_env(tiny_args(out, use_wandb="true", max_steps=4, eval_samples=0),
+                     wandb_env(tmp_path))   # online mode, but no key anywhere
+    assert r.returncode == 0, r.stderr[-3000:]
+    warnings = [line for line in r.stderr.splitlines() if line.startswith("WARNING: W&B")]
+    assert len(warnings) == 1 and "continuing offline" in warnings[0] and \
+        "wandb sync" in warnings[0]
+    (run_dir,) = offline_runs(out)
+    history, _ = history_and_config(run_dir)
+    assert [h["step"] for h in history if "train/loss" in h] == [4]
+
+
+def test_wandb_failing_at_init_does_not_stop_training(tmp_path):
+    # Stands in for the W&B server refusing us (the one thing that cannot run here): init
+    # raises W&B's own network error, online and offline alike.
+    out = tmp_path / "run"
+    code = ("import sys, wandb, wandb.errors\n"
+            "def refuse(*a, **k):\n"
+            "    raise wandb.errors.CommError('503 Service Unavailable')\n"
+            "wandb.init = refuse\n"
+            "from fp8train.cli import main\n"
+            "sys.exit(main(sys.argv[1:]))\n")
+    env = dict(wandb_env(tmp_path), FP8TRAIN_DATA_DIR=DATA_DIR)
+    r = subprocess.run([sys.executable, "-c", code,
+                        *tiny_args(out, use_wandb="true", max_steps=4, eval_samples=0)],
+                       cwd=ROOT, env=env, capture_output=True, text=True, timeout=600)
+    assert r.returncode == 0, r.stderr[-3000:]
+    warnings = [line for line in r.stderr.splitlines() if "W&B" in line]
+    assert len(warnings) == 1 and "503 Service Unavailable" in warnings[0] and \
+        "metrics.jsonl only" in warnings[0]
+    assert "Traceback" not in r.stderr
+    assert [x["step"] for x in metrics_rows(out) if "train/loss" in x] == [4]
+
+
+def test_wandb_mode_disabled_is_respected(tmp_path):
+    out = tmp_path / "run"
+    r = run_with_env(tiny_args(out, use_wandb="true", max_steps=4, eval_samples=0),
+                     wandb_env(tmp_path, WANDB_MODE="disabled"))
+    assert r.returncode == 0, r.stderr[-3000:]
+    assert "(disabled)" in r.stdout and "WARNING" not in r.stderr
+    assert offline_runs(out) == []
+    assert [x["step"] for x in metrics_rows(out) if "train/loss" in x] == [4]
+
+
+def test_a_sweep_trial_gets_its_own_run_directory(tmp_path):
+    # What a sweep agent sets for each trial; the trial logs offline here.
+    out = tmp_path / "sweep"
+    env = wandb_env(tmp_path, WANDB_MODE="offline", WANDB_SWEEP_ID="sw123",
+                    WANDB_RUN_ID="trial7")
+    r = run_with_env(tiny_args(out, use_wandb="true", max_steps=4, eval_samples=0), env)
+    assert r.returncode == 0, r.stderr[-3000:]
+    trial = out / "trial7"
+    assert (trial / "metrics.jsonl").is_file() and (trial / "config.yaml").is_file()
+    assert "output_dir: " + str(trial) in (trial / "config.yaml").read_text()
+    (run_dir,) = offline_runs(trial)
+    assert run_dir.endswith("-trial7")
+
+
+def test_samples_do_not_change_training(tmp_path):
+    """Sampling uses its own generator: the losses are bit-identical with and without it."""
+    a, b = tmp_path / "a", tmp_path / "b"
+    assert run_train(*tiny_args(a, eval_samples=0)).returncode == 0
+    assert run_train(*tiny_args(b, eval_samples=3, sample_tokens=16)).returncode == 0
+    losses = [[x.get("train/loss", x.get("val/loss")) for x in metrics_rows(d)] for d in (a, b)]
+    assert losses[0] == losses[1]
+    assert not (a / "samples.jsonl").exists()
+    samples = [json.loads(line) for line in (b / "samples.jsonl").read_text().splitlines()]
+    assert [s["step"] for s in samples] == [6] * 3 + [12] * 3
+    assert all(len(s["sample"].encode()) <= 16 * 4 for s in samples)
