@@ -26,7 +26,7 @@ HARMLESS_ON_RESUME = {"output_dir", "resume", "data_dir", "max_steps", "num_epoc
                       "wandb_project", "wandb_entity", "wandb_run_name", "wandb_tags",
                       # how the run is carried out, not what it trains
                       "plan_only", "reprobe", "batch_cache_dir", "data_prefetch",
-                      "fp8_log_layers", "fp8_eval", "fp8_fallback"}
+                      "fp8_log_layers", "fp8_eval", "fp8_fallback", "eval_samples", "sample_tokens"}
 
 
 def step_dir_name(step: int) -> str:
