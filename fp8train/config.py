@@ -178,8 +178,8 @@ class Config:
     keep_checkpoints: int = _key(3, "checkpoints kept on disk, newest first (0 = keep all)",
                                  "logging", min=0)
     eval_samples: int = _key(2, "text samples generated at each evaluation (samples.jsonl, "
-                             "W&B table; 0 = off)", "logging", min=0, max=64)
-    sample_tokens: int = _key(64, "tokens generated per sample", "logging", min=1, max=4096)
+                             "W&B table; 0 = off)", "logging", min=0, max=16)
+    sample_tokens: int = _key(64, "tokens generated per sample", "logging", min=1, max=1024)
     # --- wandb -----------------------------------------------------------------------------
     use_wandb: bool = _key(False, "log to Weights & Biases", "wandb")
     wandb_project: str = _key("fp8train", "W&B project", "wandb")

@@ -11,6 +11,7 @@ from typing import Optional
 # peak_note): an FP8 MFU against the FP8 peak would halve the number for the same speed and
 # hide whether FP8 made training faster.
 PEAK_BF16_FLOPS = (
+    ("GB200", "GB200", None),             # not a B200: no datasheet figure here, so no MFU
     ("GH200", "GH200", 989.4e12),
     ("H200 NVL", "H200 NVL", 835e12),
     ("H200", "H200 SXM", 989.4e12),
@@ -38,7 +39,7 @@ def _peak_entry(device_name: Optional[str]):
 def peak_note(device_name: Optional[str], fp8: bool) -> str:
     """Which peak train/mfu is measured against, said once at start and kept in config.yaml."""
     found = _peak_entry(device_name)
-    if found is None:
+    if found is None or found[2] is None:
         return (f"no MFU: '{device_name}' is not in the peak table (H100/H200/GH200/B200/"
                 "A100); tokens/s is still measured")
     note = f"MFU against the {found[1]} bf16 dense peak, {found[2] / 1e12:g} TFLOP/s"

@@ -200,8 +200,9 @@ class GPT(nn.Module):
         if isinstance(m, nn.Linear) and m.bias is not None:
             nn.init.zeros_(m.bias)
 
-    def forward(self, idx: torch.Tensor) -> torch.Tensor:
-        """Token ids (B, T) -> logits (B, T, padded vocab)."""
+    def forward(self, idx: torch.Tensor, last_only: bool = False) -> torch.Tensor:
+        """Token ids (B, T) -> logits (B, T, padded vocab); (B, 1, padded vocab) with
+        last_only, which is all that generation needs."""
         x = self.wte(idx)
         if self.wpe is not None:
             x = x + self.wpe(torch.arange(idx.size(1), device=idx.device))
@@ -211,7 +212,7 @@ class GPT(nn.Module):
                 x = self.checkpoint_fn(block, x)
             else:
                 x = block(x)
-        x = self.norm_f(x)
+        x = self.norm_f(x[:, -1:] if last_only else x)
         head = self.wte.weight if self.lm_head is None else self.lm_head.weight
         return F.linear(x, head)
 
@@ -243,7 +244,8 @@ def generate(model: nn.Module, idx: torch.Tensor, max_new_tokens: int, vocab_siz
     the global RNG, so that samples at eval time do not change the training run. No KV cache:
     the few short samples taken at eval time do not need one."""
     for _ in range(max_new_tokens):
-        logits = model(idx[:, -block_size:])[:, -1, :vocab_size].float() / temperature
+        logits = model(idx[:, -block_size:], last_only=True)[:, -1, :vocab_size].float()
+        logits = logits / temperature
         kth = torch.topk(logits, min(top_k, vocab_size)).values[:, -1:]
         probs = torch.softmax(logits.masked_fill(logits < kth, float("-inf")), dim=-1)
         idx = torch.cat([idx, torch.multinomial(probs, 1, generator=generator)], dim=1)

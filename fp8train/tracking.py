@@ -83,14 +83,18 @@ class Tracker:
             return
         if not self.acc.is_main_process:
             return
-        init = dict(entity=cfg.wandb_entity, name=cfg.wandb_run_name or
-                    os.path.basename(os.path.normpath(cfg.output_dir)),
-                    tags=list(cfg.wandb_tags) or None, dir=cfg.output_dir, resume="allow")
+        init = dict(tags=list(cfg.wandb_tags) or None, dir=cfg.output_dir, resume="allow")
+        if not sweep_run_id():  # a sweep's agent names the run and fixes its id and entity
+            init.update(entity=cfg.wandb_entity, name=cfg.wandb_run_name or
+                        os.path.basename(os.path.normpath(cfg.output_dir)))
         try:
             init["id"] = self._run_id(cfg.output_dir, resuming)
+            if not _has_credentials():
+                raise RuntimeError("no W&B API key (run `wandb login` or set WANDB_API_KEY)")
             self._init(cfg, config, init)
         except Exception as e:  # no key, no network, server error: W&B must not stop training
             self.acc.trackers = []
+            _finish_any_run()   # else wandb.init would hand back the half-started run
             try:
                 self._init(cfg, config, dict(init, mode="offline"))
             except Exception as e2:
@@ -102,7 +106,7 @@ class Tracker:
                       f"{self.run.settings.sync_dir}`)")
         self.active = True
         mode = self.run.settings.mode
-        where = self.run.url if mode == "online" else self.run.settings.sync_dir
+        where = {"online": self.run.url, "offline": self.run.settings.sync_dir}.get(mode)
         self.info(f"W&B: run {self.run.id} ({mode})" + (f": {where}" if where else ""))
 
     def _init(self, cfg, config: dict, init: dict) -> None:
@@ -138,10 +142,12 @@ class Tracker:
 
     def log_samples(self, step: int, samples: list) -> None:
         if self.active and samples:
-            import wandb
-            table = wandb.Table(columns=["step", "prompt", "sample"],
-                                data=[[step, s["prompt"], s["sample"]] for s in samples])
-            self._guard(lambda: self.acc.log({"step": step, "samples/text": table}))
+            def log():
+                import wandb
+                table = wandb.Table(columns=["step", "prompt", "sample"],
+                                    data=[[step, s["prompt"], s["sample"]] for s in samples])
+                self.acc.log({"step": step, "samples/text": table})
+            self._guard(log)
 
     def _guard(self, fn) -> None:
         try:
@@ -159,6 +165,24 @@ class Tracker:
                 self.run.finish(exit_code=1 if failed else 0)
             except Exception as e:
                 self.warn(f"W&B: finishing the run failed ({_one_line(e)})")
+
+
+def _has_credentials() -> bool:
+    """Whether online W&B can start without asking: on a terminal, wandb.init would otherwise
+    wait for a key to be typed while the other ranks wait for rank 0."""
+    if os.environ.get("WANDB_MODE", "").lower() in ("offline", "disabled", "dryrun"):
+        return True
+    import wandb
+    return bool(wandb.login(prompt=False, verify=False))
+
+
+def _finish_any_run() -> None:
+    try:
+        import wandb
+        if wandb.run is not None:
+            wandb.run.finish(exit_code=1)
+    except Exception:
+        pass
 
 
 def _one_line(e: BaseException) -> str:

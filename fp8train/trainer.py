@@ -452,7 +452,12 @@ class Loop:
         self.progress.message(f"eval step {self.st.step:,}: val/loss {val_loss:.4f}, "
                               f"val/ppl {row['val/ppl']:.2f}")
         if self.samples is not None:
-            texts = self.samples.take(self.model, self.eval_set, self.st.step)
+            try:  # on rank 0 alone: an error must not leave the other ranks at a barrier
+                texts = self.samples.take(self.model, self.eval_set, self.st.step)
+            except Exception as e:
+                self.log.warn(f"text samples failed ({type(e).__name__}: "
+                              f"{' '.join(str(e).split())[:200]}); no more samples this run")
+                self.samples, texts = None, []
             self.tracker.log_samples(self.st.step, texts)
             for s in texts[:1]:
                 self.progress.message(f"sample: {(s['prompt'] + s['sample'])[:200]!r}")

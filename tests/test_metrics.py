@@ -51,7 +51,8 @@ def test_peak_table_matches_device_names(name, peak):
     assert peak_flops(name) == peak
 
 
-@pytest.mark.parametrize("name", ["NVIDIA GeForce RTX 4090", "NVIDIA L40S", "cpu", None])
+@pytest.mark.parametrize("name", ["NVIDIA GeForce RTX 4090", "NVIDIA L40S", "NVIDIA GB200", "cpu",
+                                  None])
 def test_unknown_device_gets_no_mfu_rather_than_a_guess(name):
     assert peak_flops(name) is None
     row = throughput(1024, 1, 0.5, 1, GPT2_124M_FLOPS, peak_flops(name))

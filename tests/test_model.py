@@ -88,3 +88,11 @@ def test_activation_checkpointing_gives_the_same_gradients():
 def test_presets_all_build():
     for name in PRESETS:
         assert count(name, 256, 64).num_params() > 0
+
+
+def test_last_only_logits_equal_the_last_position_of_the_full_forward():
+    torch.manual_seed(0)
+    model = GPT(model_config_from("tiny-llama", 256, 64)).eval()
+    x = torch.randint(0, 256, (3, 40))
+    with torch.no_grad():
+        torch.testing.assert_close(model(x, last_only=True), model(x)[:, -1:])

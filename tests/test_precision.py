@@ -335,3 +335,34 @@ def test_torchao_converts_the_selected_layers_with_the_recipe(recipe):
         "tensorwise" else 1.0)
     assert "fp8/blocks.1.mlp.fc/bwd_scale_grad_output" in stats
     assert stats["fp8/saturated"].item() == 0.0  # dynamic scaling never clips
+
+
+@pytest.mark.parametrize("fp8_eval", [False, True])
+def test_te_turns_fp8_off_for_eval_and_samples_and_keeps_its_scales_checkpointed(fp8_eval):
+    """TE needs CUDA to import, so its autocast is stood in for by a recorder; what is tested is
+    which autocast our backend enters and that the modules' FP8 state stays marked for the next
+    checkpoint (TE unmarks it after a forward without FP8), even when the forward fails."""
+    import contextlib
+    from fp8train.precision.plain import FP32
+    calls = []
+
+    @contextlib.contextmanager
+    def autocast(enabled, recipe):
+        calls.append(enabled)
+        yield
+
+    prec = te_backend.TransformerEngine(Config(use_fp8=True, fp8_eval=fp8_eval), FP32())
+    prec.te = types.SimpleNamespace(autocast=autocast)
+    meta = {"scaling_fwd": object(), "fp8_checkpoint": True}
+    prec.modules = {"blocks.0.mlp.fc": types.SimpleNamespace(fp8_meta=meta)}
+    with prec.forward_context(training=True):
+        pass
+    with prec.forward_context(training=False):
+        meta["fp8_checkpoint"] = fp8_eval       # what TE does on a forward without FP8
+    with pytest.raises(RuntimeError):
+        with prec.sampling_context():
+            meta["fp8_checkpoint"] = False
+            raise RuntimeError("out of memory")
+    # Sampling never runs in FP8 (arbitrary lengths), evaluation only with fp8_eval.
+    assert calls == [True, fp8_eval, False]
+    assert meta["fp8_checkpoint"] is True

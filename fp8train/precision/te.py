@@ -95,17 +95,27 @@ class TransformerEngine(Fp8Backend):
                                 self.cfg.fp8_log_layers)
         return model
 
-    @contextlib.contextmanager
-    def forward_context(self, training: bool):
-        enabled = training or self.cfg.fp8_eval
+    def _autocast(self, enabled: bool):
         autocast = getattr(self.te, "autocast", None)
         if autocast is not None:                       # newer TE; fp8_autocast is deprecated
-            ctx = autocast(enabled=enabled, recipe=self.recipe)
+            return autocast(enabled=enabled, recipe=self.recipe)
+        return self.te.fp8_autocast(enabled=enabled, fp8_recipe=self.recipe)
+
+    @contextlib.contextmanager
+    def forward_context(self, training: bool):
+        if training or self.cfg.fp8_eval:
+            with self._autocast(True):
+                yield
         else:
-            ctx = self.te.fp8_autocast(enabled=enabled, fp8_recipe=self.recipe)
-        with ctx:
-            yield
-        if not enabled:
+            with self.high_precision():
+                yield
+
+    @contextlib.contextmanager
+    def high_precision(self):
+        try:
+            with self._autocast(False):
+                yield
+        finally:
             # A forward outside FP8 marks the modules as having no FP8 state to save, and the
             # next checkpoint would drop their scales: they still have them.
             for m in self.modules.values():

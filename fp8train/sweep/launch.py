@@ -126,7 +126,7 @@ def _terminate(proc: subprocess.Popen, grace: float) -> None:
         proc.wait()
 
 
-def run_command(command: list[str], env: dict, cwd: str, grace: float = 30.0) -> int:
+def run_command(command: list[str], env: dict, cwd: str, grace: float = 60.0) -> int:
     """Run a trial to completion and return its exit code. Like `wandb agent`, the child gets
     its own process group and no stdin; if this thread is interrupted (Ctrl-C, SIGTERM, a W&B
     stop command) the whole group is terminated before the interruption propagates."""
