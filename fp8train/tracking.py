@@ -156,6 +156,12 @@ class Tracker:
             self.active = False
             self.warn(f"W&B logging failed ({_one_line(e)}); continuing with metrics.jsonl only")
 
+    def preempting(self) -> None:
+        """Tell W&B the run is stopping to be resumed (sweeps treat it as preempted, not
+        failed)."""
+        if self.active:
+            self._guard(lambda: self.run.mark_preempting())
+
     def finish(self, failed: bool = False) -> None:
         """Close the W&B run, marked failed when training raised. Not
         accelerator.end_training(): that also destroys the process group."""

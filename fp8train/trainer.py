@@ -24,6 +24,7 @@ from .precision import Precision, build_precision
 from .runlog import RunLog
 from .samples import Sampler
 from .schedule import lr_at, scaled_lr
+from .signals import EXIT_STOPPED, StopRequests
 from .tracking import Tracker, environment, sweep_run_id
 
 
@@ -218,14 +219,14 @@ def train(cfg: Config) -> int:
                 train_state, ckpt, metrics, log, flops_per_token, config_text, max_lr, tracker,
                 samples)
     try:
-        loop.run()
+        code = loop.run()
     except BaseException:
         tracker.finish(failed=True)
         raise
     finally:
         tracker.finish()  # a no-op after a failure
         log.close()
-    return 0
+    return code
 
 
 def _load_data(cfg: Config, accelerator, log):
@@ -319,8 +320,23 @@ class Loop:
         # Under FP8 the MFU is against the bf16 peak (see metrics.peak_note): say so where shown.
         self.progress = _Progress(log, sched.total_steps, train_state.step,
                                   mfu_label=" of bf16 peak" if prec.fp8 else "")
+        self.stops = StopRequests()
+        self.exit_code = 0
+        # Stop requests are agreed across ranks (one small all-reduce and host sync) every few
+        # steps, at most 10 apart: soon enough for SLURM's warning, never a sync per step.
+        self.stop_check_every = 1 if accelerator.num_processes == 1 else \
+            min(cfg.log_interval, 10)
 
-    def run(self) -> None:
+    def run(self) -> int:
+        """Train to the end or to a stop; returns the exit code (3: stopped by a signal)."""
+        self.stops.install()
+        try:
+            self._run()
+        finally:
+            self.stops.restore()
+        return self.exit_code
+
+    def _run(self) -> None:
         cfg, st = self.cfg, self.st
         start_time = time.time()
         # Running sums on the device: read back (a host sync) only at the log interval.
@@ -382,10 +398,20 @@ class Loop:
                     loss_sum.zero_()
                     penalty_sum.zero_()
                     interval_steps = 0
-                    if cfg.max_hours is not None and not last and \
-                            self._agreed(time.time() - start_time > cfg.max_hours * 3600):
+                if not last and (logged or st.step % self.stop_check_every == 0):
+                    over_time = cfg.max_hours is not None and \
+                        time.time() - start_time > cfg.max_hours * 3600
+                    why = self._agreed_max(2 if self.stops.received else int(over_time))
+                    if why == 2:
+                        stop_reason = f"{self.stops.name} received" if self.stops.received \
+                            else "another rank received a stop signal"
+                        self.exit_code = EXIT_STOPPED
+                        self.tracker.preempting()
+                    elif why == 1:
                         stop_reason = f"max_hours ({cfg.max_hours:g}) reached"
-                do_eval = st.step % cfg.eval_interval == 0 or last or stop_reason
+                # A signal is a deadline (SLURM's warning, a preemption): checkpoint, skip eval.
+                do_eval = st.step % cfg.eval_interval == 0 or last or \
+                    (stop_reason and self.exit_code != EXIT_STOPPED)
                 do_ckpt = st.step % cfg.checkpoint_interval == 0 or last or stop_reason
                 if do_eval or do_ckpt:
                     clock.pause()
@@ -401,16 +427,21 @@ class Loop:
             batches.close()
         self.progress.close()
         done = f"stopped early: {stop_reason}; resume with --resume" if stop_reason else "done"
+        if self.exit_code == EXIT_STOPPED:
+            done += f" (exit {EXIT_STOPPED})"
         self.log.info(f"{done} at step {st.step:,} ({st.tokens:,} tokens, "
                       f"{st.train_seconds / 60:.1f} min of training); checkpoint "
                       f"{self.ckpt.latest()}")
 
-    def _agreed(self, flag: bool) -> bool:
-        """Rank 0's decision on every rank, so no rank leaves the loop alone."""
+    def _agreed_max(self, value: int) -> int:
+        """The largest of the ranks' values on every rank: any rank's stop request stops all of
+        them at the same step, so no rank leaves the loop alone."""
         if self.acc.num_processes == 1:
-            return flag
-        from accelerate.utils import broadcast
-        return bool(broadcast(torch.tensor([int(flag)], device=self.device)).item())
+            return value
+        import torch.distributed as dist
+        t = torch.tensor([value], device=self.device)
+        dist.all_reduce(t, op=dist.ReduceOp.MAX)
+        return int(t.item())
 
     def _log_train(self, loss, penalty, lr, grad_norm, steps, elapsed, data_wait,
                    extra) -> None:
