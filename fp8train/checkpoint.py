@@ -125,7 +125,9 @@ def resolve_resume(resume: str, manager: CheckpointManager) -> str | None:
     path = resume
     if os.path.isdir(os.path.join(path, "checkpoints")):  # a run directory
         path = CheckpointManager(path, 0).latest() or path
-    if not os.path.isdir(path) or not any(f.startswith("model") for f in os.listdir(path)):
+    # model.safetensors (DDP, one process) or pytorch_model_fsdp_0/ (FSDP's sharded state)
+    if not os.path.isdir(path) or not any(f.startswith(("model", "pytorch_model"))
+                                          for f in os.listdir(path)):
         raise ConfigError(f"key 'resume': '{resume}' is not a checkpoint directory")
     return path
 

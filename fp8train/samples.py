@@ -10,9 +10,10 @@ from .model import generate
 
 
 class Sampler:
-    """Continues the first tokens of fixed validation sequences, on the main process only, with
-    its own seeded generator (the training RNG is untouched, so a run with samples trains
-    exactly like one without)."""
+    """Continues the first tokens of fixed validation sequences with its own seeded generator
+    (the training RNG is untouched, so a run with samples trains exactly like one without).
+    Every rank generates the same samples, because under FSDP each forward is a collective;
+    the main process decodes and writes them."""
 
     def __init__(self, cfg, mcfg, prec, accelerator, writer, warn):
         self.cfg, self.mcfg, self.prec, self.acc = cfg, mcfg, prec, accelerator
@@ -26,12 +27,10 @@ class Sampler:
                 warn(f"no text samples: {e}")
 
     def take(self, model, eval_set, step: int) -> list[dict]:
-        if self.tokenizer is None:
-            return []
         prompts = torch.cat([x for x, _ in eval_set])[:self.cfg.eval_samples, :self.prompt_tokens]
         device = self.acc.device
         gen = torch.Generator(device=device).manual_seed(self.cfg.seed)
-        # The plain module: no DDP hooks, no torch.compile recompiling for every length.
+        # No DDP hooks, no torch.compile recompiling for every length (FSDP stays FSDP).
         net = self.acc.unwrap_model(model, keep_torch_compile=False)
         was_training = net.training
         net.eval()
@@ -39,6 +38,8 @@ class Sampler:
             out = generate(net, prompts.to(device), self.cfg.sample_tokens, self.mcfg.vocab_size,
                            self.mcfg.block_size, gen)
         net.train(was_training)
+        if self.tokenizer is None:  # not the main process, or no tokenizer to decode with
+            return []
         rows = [{"step": step, "prompt": self.tokenizer.decode(p.tolist()),
                  "sample": self.tokenizer.decode(o[self.prompt_tokens:].tolist())}
                 for p, o in zip(prompts, out.cpu())]

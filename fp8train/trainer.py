@@ -465,14 +465,18 @@ class Loop:
     def _evaluate(self) -> None:
         self.model.eval()
         total = torch.zeros(2, device=self.device)  # (sum of token losses, tokens)
-        for i, (x, y) in enumerate(self.eval_set):
-            if i % self.acc.num_processes != self.acc.process_index:
-                continue
+        world, rank = self.acc.num_processes, self.acc.process_index
+        # Round-robin over ranks, the same number of forwards on every rank (FSDP's forward is
+        # a collective): a rank short of a batch repeats one with weight 0.
+        for i in range(0, len(self.eval_set), world):
+            mine = i + rank < len(self.eval_set)
+            x, y = self.eval_set[i + rank if mine else 0]
             with self.prec.forward_context(training=False):
                 logits = self.model(x.to(self.device))
             _, ce, _ = lm_loss(logits, y.to(self.device))
-            total += torch.stack([ce * y.numel(), torch.tensor(float(y.numel()),
-                                                                device=self.device)])
+            if mine:
+                total += torch.stack([ce * y.numel(), torch.tensor(float(y.numel()),
+                                                                    device=self.device)])
         total = self.acc.reduce(total, "sum")
         val_loss = (total[0] / total[1]).item()
         self.model.train()

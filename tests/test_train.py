@@ -244,3 +244,22 @@ def test_output_dir_that_cannot_be_created_exits_2(tmp_path):
     r = run_train(*tiny_args(blocker / "run"))
     assert r.returncode == 2 and "key 'output_dir': cannot create" in r.stderr
     assert "Traceback" not in r.stderr and len(r.stderr.strip().splitlines()) == 1
+
+
+def test_uneven_eval_batches_over_two_ranks_give_the_one_process_val_loss(tmp_path):
+    """20 validation sequences in micro-batches of 4 = 5 batches over 2 ranks: rank 1 runs a
+    weight-0 extra forward (so every rank does the same number, as FSDP needs) and the val
+    loss is still the mean over exactly the 20 sequences."""
+    import subprocess
+    import sys
+    kw = dict(batch_size=4, max_steps=2, warmup_steps=1, eval_sequences=20, eval_interval=2,
+              eval_samples=0)
+    one, two = tmp_path / "one", tmp_path / "two"
+    assert run_train(*tiny_args(one, gradient_accumulation_steps=2, **kw)).returncode == 0
+    env = dict(os.environ, FP8TRAIN_DATA_DIR=DATA_DIR)
+    r = subprocess.run([sys.executable, "-m", "torch.distributed.run", "--nproc_per_node", "2",
+                        "train_fp8.py", *tiny_args(two, gradient_accumulation_steps=1, **kw)],
+                       cwd=ROOT, env=env, capture_output=True, text=True, timeout=600)
+    assert r.returncode == 0, r.stderr[-3000:]
+    val = lambda d: [x["val/loss"] for x in rows(d) if "val/loss" in x]
+    np.testing.assert_allclose(val(two), val(one), rtol=1e-5)
