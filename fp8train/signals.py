@@ -1,12 +1,14 @@
 """Stop requests from outside: SIGTERM (a scheduler or `kill`), SIGINT (Ctrl-C) and SIGUSR1
 (SLURM's warning before the time limit or a preemption, `--signal=B:USR1@120`). The first one
 asks the loop to finish its optimizer step, save a checkpoint and exit with code 3 ("stopped,
-resumable"); a second one exits at once, without a checkpoint."""
+resumable"); a second one exits at once, without a checkpoint (the same signal again within
+a moment is the same request, delivered twice)."""
 from __future__ import annotations
 
 import os
 import signal
 import threading
+import time
 from typing import Optional
 
 STOP_SIGNALS = tuple(getattr(signal, name) for name in ("SIGTERM", "SIGINT", "SIGUSR1")
@@ -18,8 +20,13 @@ class StopRequests:
     """Installed around the training loop. The handler only records the signal (the loop acts on
     it at a step boundary, agreed across ranks); nothing else is safe inside a handler."""
 
+    # A repeat of the first signal this soon is the same request delivered twice (SLURM
+    # signals every process, and torchrun forwards its own copy to its workers), not a second.
+    REPEAT_WINDOW_S = 2.0
+
     def __init__(self):
         self.received: Optional[int] = None
+        self._when = 0.0
         self._previous: dict = {}
 
     def install(self) -> None:
@@ -34,8 +41,11 @@ class StopRequests:
         self._previous.clear()
 
     def _handle(self, signum, frame) -> None:
+        now = time.monotonic()
         if self.received is None:
-            self.received = signum
+            self.received, self._when = signum, now
+            return
+        if signum == self.received and now - self._when < self.REPEAT_WINDOW_S:
             return
         # os.write and os._exit are safe here; print() and raising in the middle of a
         # collective are not.
