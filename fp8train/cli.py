@@ -1,7 +1,7 @@
 """Command-line entry: parse and validate the config (no torch import), then train.
 
 Exit codes: 0 done, 2 bad config or input (one line on stderr), 3 stopped by a signal after a
-checkpoint, 1 anything else.
+checkpoint, 1 anything else (a run that cannot go on says why in one line).
 """
 from __future__ import annotations
 
@@ -30,13 +30,17 @@ def main(argv: list[str] | None = None) -> int:
         return EXIT_BAD_INPUT
     # Must be set before torch initialises CUDA: fewer fragmentation OOMs on long runs.
     os.environ.setdefault("PYTORCH_CUDA_ALLOC_CONF", "expandable_segments:True")
-    from .trainer import train  # heavy imports only once the config is known to be good
+    from .trainer import RunFailed, train  # heavy imports only once the config is good
     try:
         return train(cfg)
     except ConfigError as e:
         if _is_rank0():
             print(f"error: {e}", file=sys.stderr)
         return EXIT_BAD_INPUT
+    except RunFailed as e:
+        if _is_rank0():
+            print(f"error: {e}", file=sys.stderr)
+        return EXIT_ERROR
     finally:
         _close_process_group()
 

@@ -23,7 +23,7 @@ class ConfigError(Exception):
 
 # The groups in the order `--help` and the written config.yaml show them.
 GROUPS = ("run", "data", "model", "batch", "optimizer", "duration", "loss", "precision",
-          "fp8", "logging", "wandb")
+          "fp8", "logging", "reliability", "wandb")
 
 MODEL_PRESETS = ("gpt2-124m", "gpt2-350m", "llama-350m", "llama-1b", "tiny", "tiny-llama")
 KNOWN_DATASETS = ("tinyshakespeare", "fineweb-edu", "openwebtext")
@@ -180,6 +180,23 @@ class Config:
     eval_samples: int = _key(2, "text samples generated at each evaluation (samples.jsonl, "
                              "W&B table; 0 = off)", "logging", min=0, max=16)
     sample_tokens: int = _key(64, "tokens generated per sample", "logging", min=1, max=1024)
+    # --- reliability -----------------------------------------------------------------------
+    allow_config_change: bool = _key(
+        False, "resume even though keys that change training (model, data, optimizer, ...) "
+        "differ from the checkpoint's", "reliability")
+    checkpoint_required: bool = _key(
+        False, "stop (exit 1) when a checkpoint cannot be written, instead of warning and "
+        "training on", "reliability")
+    max_bad_steps: int = _key(
+        10, "consecutive non-finite steps (each skipped) before the last checkpoint is restored "
+        "(0 = skip only, never restore)", "reliability", min=0)
+    fp8_recovery: str = _key(
+        "margin", "remedy applied with that restore in an FP8 run: margin (fp8_margin + 1; "
+        "torchao, which has none, goes to bf16) | bf16 (FP8 off)", "reliability",
+        choices=("margin", "bf16"))
+    loss_spike_factor: float = _key(
+        3.0, "log a loss spike when a step's loss exceeds this many times the running mean "
+        "(0 = off)", "reliability", min=0.0)
     # --- wandb -----------------------------------------------------------------------------
     use_wandb: bool = _key(False, "log to Weights & Biases", "wandb")
     wandb_project: str = _key("fp8train", "W&B project", "wandb")
@@ -486,6 +503,9 @@ def validate(cfg: Config) -> None:
     if cfg.use_fp8 and cfg.seq_len % 16:
         err(f"key 'seq_len' ({cfg.seq_len}) must be a multiple of 16 with use_fp8: FP8 GEMMs "
             "need the token dimension divisible by 16")
+    if cfg.batch_cache_dir is not None and os.path.exists(cfg.batch_cache_dir) and \
+            not os.path.isdir(cfg.batch_cache_dir):
+        err(f"key 'batch_cache_dir': '{cfg.batch_cache_dir}' is not a directory")
     if cfg.resume not in ("never", "auto") and not os.path.exists(cfg.resume):
         err(f"key 'resume': checkpoint '{cfg.resume}' not found (use auto, never or a path)")
 

@@ -152,16 +152,22 @@ def load_prepared(directory: str, dataset: str, data_dir: str, tokenizer_name: s
                               f"not found; run: {prepare_command(dataset, data_dir)}")
         read_meta(directory)  # raises with the reason
     meta = read_meta(directory)
-    vocab = int(meta["vocab_size"])
+    try:  # hand-edited or from another tool: a bad field is a config error, not a traceback
+        vocab = int(meta["vocab_size"])
+        shard_names = {split: [str(n) for n in meta["splits"].get(split, {}).get("shards", [])]
+                       for split in ("train", "val")}
+    except (KeyError, TypeError, ValueError, AttributeError):
+        raise ConfigError(f"'{os.path.join(directory, 'meta.json')}' is not a valid prepared-"
+                          "dataset description (missing or malformed 'vocab_size' or 'splits'); "
+                          "prepare the dataset again with scripts/prepare_data.py") from None
     if meta.get("tokenizer") != tokenizer_name:
         raise ConfigError(f"key 'tokenizer' is '{tokenizer_name}' but '{directory}' was prepared "
                           f"with tokenizer '{meta.get('tokenizer')}' (vocabulary {vocab:,}); set "
                           f"tokenizer: {meta.get('tokenizer')}")
     parts = {}
     for split in ("train", "val"):
-        names = meta["splits"].get(split, {}).get("shards", [])
         arrays = []
-        for name in names:
+        for name in shard_names[split]:
             path = os.path.join(directory, name)
             if not os.path.isfile(path):
                 raise ConfigError(f"shard '{path}' listed in meta.json is missing")
@@ -177,7 +183,7 @@ def load_prepared(directory: str, dataset: str, data_dir: str, tokenizer_name: s
                               f"{len(parts[split]):,} tokens, fewer than seq_len + 1 = "
                               f"{seq_len + 1}")
     return TokenSplits(parts["train"], parts["val"], vocab,
-                       f"{directory} ({len(meta['splits']['train']['shards'])} train shards)")
+                       f"{directory} ({len(shard_names['train'])} train shards)")
 
 
 def load_tokens(dataset: str, data_dir: str, tokenizer, seq_len: int, val_fraction: float,

@@ -75,8 +75,10 @@ class MetricsWriter:
     """One JSON object per line in a run-directory file (metrics.jsonl, samples.jsonl), written
     by the main process only."""
 
-    def __init__(self, path: str, enabled: bool):
+    def __init__(self, path: str, enabled: bool, warn=None):
         self.path, self.enabled = path, enabled
+        self.warn = warn or (lambda msg: None)
+        self.lost = 0   # rows that could not be written (disk full): said once, then counted
 
     def truncate_after(self, step: int) -> int:
         """On resume, drop rows logged after the checkpoint's step: those steps are re-run and
@@ -100,6 +102,13 @@ class MetricsWriter:
         return len(lines) - len(keep)
 
     def write(self, row: dict) -> None:
-        if self.enabled:
+        if not self.enabled:
+            return
+        try:
             with open(self.path, "a", encoding="utf-8") as fh:
                 fh.write(json.dumps(row) + "\n")
+        except OSError as e:
+            if not self.lost:
+                self.warn(f"cannot write {self.path} ({e.strerror or e}); its rows are lost "
+                          "until it can be written again (training goes on)")
+            self.lost += 1

@@ -16,7 +16,12 @@ class RunLog:
 
     def _write_file(self, msg: str) -> None:
         if self._file is not None:
-            self._file.write(f"{time.strftime('%Y-%m-%d %H:%M:%S')} {msg}\n")
+            try:
+                self._file.write(f"{time.strftime('%Y-%m-%d %H:%M:%S')} {msg}\n")
+            except OSError as e:   # disk full: the console still has everything
+                self._file = None
+                print(f"WARNING: cannot write train.log any more ({e.strerror or e}); "
+                      "console only from here", file=sys.stderr, flush=True)
 
     def info(self, msg: str) -> None:
         if self.is_main:

@@ -13,8 +13,11 @@ import torch
 from . import autobatch
 from . import config as config_mod
 from .batching import BatchPlan, manual_plan
-from .checkpoint import CheckpointManager, TrainState, changed_on_resume, resolve_resume
+from .checkpoint import (CheckpointManager, CheckpointWriteError, TrainState, changed_on_resume,
+                         config_hash, read_manifest, resolve_resume, saved_derived)
 from .config import Config, ConfigError
+from .faults import Faults
+from .health import Health
 from .data import (BatchStream, RandomWindows, build_tokenizer, corpus_path, load_prepared, load_tokens,
                    prepared_dir, val_batches)
 from .loss import lm_loss
@@ -28,15 +31,21 @@ from .signals import EXIT_STOPPED, StopRequests
 from .tracking import Tracker, environment, sweep_run_id
 
 
-def build_optimizer(model: torch.nn.Module, cfg: Config, fused: bool) -> torch.optim.AdamW:
+class RunFailed(Exception):
+    """Training cannot go on (diverged, or a required checkpoint could not be written): one
+    line on stderr, exit 1."""
+
+
+def build_optimizer(model: torch.nn.Module, cfg: Config) -> torch.optim.AdamW:
     """AdamW with weight decay on matrices and embeddings only: decaying norms' gains and
-    biases toward zero hurts and saves nothing."""
+    biases toward zero hurts and saves nothing. Fused (CPU and CUDA): one kernel for the whole
+    update, and it can skip a non-finite step on the device (see health.py)."""
     decay = [p for p in model.parameters() if p.requires_grad and p.dim() >= 2]
     no_decay = [p for p in model.parameters() if p.requires_grad and p.dim() < 2]
     groups = [{"params": decay, "weight_decay": cfg.weight_decay},
               {"params": no_decay, "weight_decay": 0.0}]
     return torch.optim.AdamW(groups, lr=cfg.learning_rate, betas=(cfg.beta1, cfg.beta2),
-                             eps=cfg.adam_eps, fused=fused)
+                             eps=cfg.adam_eps, fused=True)
 
 
 @dataclass
@@ -81,11 +90,21 @@ def train(cfg: Config) -> int:
     if trial and os.path.basename(os.path.normpath(cfg.output_dir)) != trial:
         # A sweep agent starts every trial with the same command line: one directory each.
         cfg.output_dir = os.path.join(cfg.output_dir, trial)
-    ckpt = CheckpointManager(cfg.output_dir, cfg.keep_checkpoints)
-    resume_from = None if cfg.plan_only else resolve_resume(cfg.resume, ckpt)
+    faults = Faults.from_env(state.process_index)   # tests only: FP8TRAIN_FAULTS
+    ckpt = CheckpointManager(cfg.output_dir, cfg.keep_checkpoints, faults)
+    notes: list = []
+    try:
+        resume_from = None if cfg.plan_only else _choose_checkpoint(cfg, ckpt, state, notes)
+    except ConfigError:
+        for level, msg in notes:   # why each checkpoint was refused, before the error itself
+            if level == "warn":
+                log.warn(msg)
+        raise
     _ensure_writable_dir(cfg.output_dir, cfg.source)
     if not cfg.plan_only:
         log.open(os.path.join(cfg.output_dir, "train.log"))
+    for level, msg in notes:   # what resume verification found, now that train.log is open
+        (log.warn if level == "warn" else log.info)(msg)
 
     # --- precision and accelerator -------------------------------------------------------------
     prec = build_precision(cfg, state.device, log.warn)
@@ -119,9 +138,11 @@ def train(cfg: Config) -> int:
 
     # --- batch plan, schedule -------------------------------------------------------------------
     batch_note = ""
+    if plan is None and resume_from is not None:
+        plan, batch_note = _plan_from_checkpoint(cfg, resume_from, accelerator.num_processes)
     if plan is None:
         plan, batch_note = _discover_plan(cfg, mcfg, prec, accelerator, log)
-        accelerator.gradient_accumulation_steps = plan.accum
+    accelerator.gradient_accumulation_steps = plan.accum
     max_lr, lr_note = scaled_lr(cfg.learning_rate, cfg.lr_scaling, plan.effective,
                                 cfg.lr_reference_batch_size)
     sched = plan_steps(cfg, len(splits.train), plan)
@@ -134,6 +155,22 @@ def train(cfg: Config) -> int:
     if cfg.plan_only:
         log.info("plan only (--plan_only): not training")
         return 0
+    data_id = dict(train_tokens=len(splits.train), val_tokens=len(splits.val),
+                   vocab_size=splits.vocab_size)
+    run_hash = config_hash({**config_mod.to_dict(cfg), "data": data_id,
+                            "effective_batch_size": plan.effective})
+    if resume_from is not None and read_manifest(resume_from).get("config_hash") != run_hash:
+        changed = changed_on_resume(resume_from, config_mod.to_dict(cfg),
+                                    dict(data=data_id, effective_batch_size=plan.effective))
+        if changed and not cfg.allow_config_change:
+            raise ConfigError(
+                f"{cfg.source}: resuming '{resume_from}' with settings that change training: "
+                f"{', '.join(changed)}; put them back, pass --allow_config_change to continue "
+                f"with the new values, or start a new run with another --output_dir")
+        if changed:
+            log.warn("resuming with settings that differ from the checkpoint's "
+                     "(--allow_config_change; training continues with the new values): "
+                     + ", ".join(changed))
     sampler = RandomWindows(splits.train, cfg.seq_len, cfg.seed)
     eval_set = val_batches(splits.val, cfg.seq_len, cfg.eval_sequences, plan.micro)
 
@@ -149,7 +186,7 @@ def train(cfg: Config) -> int:
     if prec.fp8:
         log.info(prec.selection.describe())
         log.info(prec.describe())
-    optimizer = build_optimizer(model, cfg, fused=device.type == "cuda")
+    optimizer = build_optimizer(model, cfg)
     model, optimizer = accelerator.prepare(model, optimizer)
     prec.after_prepare(accelerator)
     if cfg.compile:
@@ -161,20 +198,20 @@ def train(cfg: Config) -> int:
     # then restores each rank's RNG state from the checkpoint.
     set_seed(cfg.seed + accelerator.process_index)
     metrics = MetricsWriter(os.path.join(cfg.output_dir, "metrics.jsonl"),
-                            accelerator.is_main_process)
+                            accelerator.is_main_process, log.warn)
     samples_file = MetricsWriter(os.path.join(cfg.output_dir, "samples.jsonl"),
-                                 accelerator.is_main_process)
+                                 accelerator.is_main_process, log.warn)
     if resume_from is not None:
         try:
             accelerator.load_state(resume_from)
-        except (RuntimeError, KeyError, ValueError, OSError) as e:
+        except Exception as e:  # torch, safetensors and pickle each raise their own kinds
             first = " ".join(str(e).split())[:300] or type(e).__name__
             raise ConfigError(f"cannot resume from '{resume_from}': it does not match this "
                               f"run's model or optimizer ({first})") from None
-        changed = changed_on_resume(resume_from, config_mod.to_dict(cfg))
-        if changed:
-            log.warn("resuming with settings that differ from the checkpoint's (training "
-                     "continues with the new values): " + ", ".join(changed))
+        prec.reapply(train_state.fp8_margin_added, train_state.fp8_off)
+        if train_state.rollbacks:
+            log.info(f"this run restored a checkpoint {train_state.rollbacks} time(s) after "
+                     f"non-finite steps; precision now: {prec.describe()}")
         dropped = metrics.truncate_after(train_state.step)
         samples_file.truncate_after(train_state.step)
         log.info(f"resumed from {resume_from} at step {train_state.step:,} "
@@ -195,7 +232,7 @@ def train(cfg: Config) -> int:
                    **prec.derived(), device=_device_name(device),
                    n_params=n_params, vocab_size=mcfg.vocab_size,
                    padded_vocab_size=mcfg.padded_vocab_size, flops_per_token=flops_per_token,
-                   mfu_peak=peak)
+                   mfu_peak=peak, data=data_id)
     if batch_note:
         derived["batch_discovery"] = batch_note
     derived["environment"] = environment(accelerator.num_processes)
@@ -217,7 +254,7 @@ def train(cfg: Config) -> int:
         if cfg.eval_samples else None
     loop = Loop(cfg, accelerator, prec, model, optimizer, sampler, eval_set, sched, plan,
                 train_state, ckpt, metrics, log, flops_per_token, config_text, max_lr, tracker,
-                samples)
+                samples, run_hash, faults, samples_file)
     try:
         code = loop.run()
     except BaseException:
@@ -227,6 +264,34 @@ def train(cfg: Config) -> int:
         tracker.finish()  # a no-op after a failure
         log.close()
     return code
+
+
+def _choose_checkpoint(cfg: Config, ckpt: CheckpointManager, state, notes: list) -> str | None:
+    """The verified checkpoint to resume from, chosen by rank 0 (which reads and checksums the
+    files once) and shared with every rank, errors included, so that no rank waits alone."""
+    path, error = None, None
+    if state.is_main_process:
+        try:
+            path = resolve_resume(cfg.resume, ckpt, warn=lambda m: notes.append(("warn", m)),
+                                  info=lambda m: notes.append(("info", m)))
+        except ConfigError as e:
+            error = str(e)
+    if state.num_processes > 1:
+        from accelerate.utils import broadcast_object_list
+        path, error = broadcast_object_list([path, error])
+    if error is not None:
+        raise ConfigError(error)
+    return path
+
+
+def _plan_from_checkpoint(cfg: Config, checkpoint: str, world: int):
+    """On resume with auto_batch_size, the micro-batch the checkpoint's run used (no probe), as
+    long as the number of processes is the same: the resumed run then takes the same steps."""
+    saved = saved_derived(checkpoint)
+    if saved.get("world_size") != world or not saved.get("micro_batch_size"):
+        return None, ""
+    plan = autobatch.plan_from_fit(cfg, world, int(saved["micro_batch_size"]))
+    return plan, f"micro-batch {plan.micro} as in the checkpoint"
 
 
 def _load_data(cfg: Config, accelerator, log):
@@ -253,7 +318,7 @@ def _discover_plan(cfg: Config, mcfg, prec: Precision, accelerator, log):
     trial = autobatch.make_trial(
         build_model=lambda: new_model(mcfg, cfg),
         build_precision=lambda: build_precision(cfg, device, warn=lambda _: None),
-        build_optimizer=lambda m: build_optimizer(m, cfg, fused=device.type == "cuda"),
+        build_optimizer=lambda m: build_optimizer(m, cfg),
         loss_fn=lambda logits, x: lm_loss(logits, x, cfg.penalty_type, cfg.penalty_weight)[0],
         cfg=cfg, vocab_size=mcfg.vocab_size, device=device, autocast=accelerator.autocast)
     if device.type == "cuda":
@@ -299,17 +364,19 @@ def _fetch_on_rank0_first(accelerator, fetch) -> None:
 
 
 class Loop:
-    """The hot loop and what runs at its intervals (log, eval, checkpoint)."""
+    """The hot loop and what runs at its intervals (log, eval, checkpoint, health)."""
 
     def __init__(self, cfg, accelerator, prec: Precision, model, optimizer, sampler, eval_set,
                  sched, plan, train_state, ckpt, metrics, log, flops_per_token, config_text,
-                 max_lr, tracker: Tracker, samples: "Sampler | None"):
+                 max_lr, tracker: Tracker, samples: "Sampler | None", run_hash: str,
+                 faults: "Faults | None", samples_file: MetricsWriter):
         self.cfg, self.acc, self.prec, self.model, self.opt = cfg, accelerator, prec, model, \
             optimizer
         self.sampler, self.eval_set, self.sched, self.plan = sampler, eval_set, sched, plan
         self.st, self.ckpt, self.metrics, self.log = train_state, ckpt, metrics, log
         self.flops_per_token, self.config_text = flops_per_token, config_text
-        self.tracker, self.samples = tracker, samples
+        self.tracker, self.samples, self.samples_file = tracker, samples, samples_file
+        self.run_hash, self.faults = run_hash, faults
         self.device = accelerator.device
         self.peak = peak_flops(_device_name(self.device)) if self.device.type == "cuda" else None
         self.tokens_per_step = plan.effective * cfg.seq_len
@@ -326,6 +393,16 @@ class Loop:
         # steps, at most 10 apart: soon enough for SLURM's warning, never a sync per step.
         self.stop_check_every = 1 if accelerator.num_processes == 1 else \
             min(cfg.log_interval, 10)
+        # Streaks of non-finite steps are read on the host as often (one scalar, no collective).
+        self.health_every = min(cfg.log_interval, 10)
+        self.health = Health(self.device, cfg.loss_spike_factor)
+        self.optimizer_inner = getattr(optimizer, "optimizer", optimizer)
+        # FSDP's parameters are DTensors, which the fused kernel's plain found_inf tensor cannot
+        # be mixed with: there, the skip is decided on the host (one sync per step).
+        self.skip_on_device = accelerator.distributed_type != "FSDP"
+        self.recovering_since = None  # the step of the last rollback until a checkpoint passes it
+        self.last_remedy = ""
+        self.batches = None
 
     def run(self) -> int:
         """Train to the end or to a stop; returns the exit code (3: stopped by a signal)."""
@@ -336,20 +413,20 @@ class Loop:
             self.stops.restore()
         return self.exit_code
 
+    def _stream(self) -> BatchStream:
+        return BatchStream(self.sampler, self.st.data_position, self.rank_offset, self.plan.micro,
+                           self.plan.accum, self.plan.effective,
+                           pin=self.device.type == "cuda", depth=self.cfg.data_prefetch)
+
     def _run(self) -> None:
         cfg, st = self.cfg, self.st
         start_time = time.time()
-        # Running sums on the device: read back (a host sync) only at the log interval.
-        loss_sum = torch.zeros((), device=self.device)
-        penalty_sum = torch.zeros((), device=self.device)
         interval_steps = 0
         data_wait = 0.0   # host seconds spent waiting for the next micro-batch
         clock = _TrainClock(self.device)  # training time only: eval and checkpoints excluded
         self.model.train()
         stop_reason = None
-        batches = BatchStream(self.sampler, st.data_position, self.rank_offset, self.plan.micro,
-                              self.plan.accum, self.plan.effective,
-                              pin=self.device.type == "cuda", depth=cfg.data_prefetch)
+        self.batches = self._stream()
         try:
             while st.step < self.sched.total_steps:
                 lr = lr_at(st.step, **self.lr_args)
@@ -359,10 +436,12 @@ class Loop:
                 logged = (st.step + 1) % cfg.log_interval == 0 or last
                 if logged:
                     self.prec.watch(True)  # scale statistics on logged steps only
+                nan = self.faults is not None and self.faults.nan_loss(st.step + 1)
+                step_ce = step_penalty = 0.0
                 # This rank's slice of the step's sequences, one micro-batch at a time.
                 for _ in range(self.plan.accum):
                     t_wait = time.perf_counter()
-                    x, y = batches.next()
+                    x, y = self.batches.next()
                     data_wait += time.perf_counter() - t_wait
                     x = x.to(self.device, non_blocking=True)
                     y = y.to(self.device, non_blocking=True)
@@ -370,12 +449,23 @@ class Loop:
                         with self.prec.forward_context(training=True):
                             logits = self.model(x)
                         loss, ce, penalty = lm_loss(logits, y, cfg.penalty_type, cfg.penalty_weight)
+                        if nan:
+                            loss = loss * float("nan")
+                            ce = ce * float("nan")
                         self.acc.backward(loss)            # divides by the accumulation steps
                     self.prec.after_backward()
-                    loss_sum += ce.detach()
-                    penalty_sum += penalty.detach()
+                    step_ce = step_ce + ce.detach()
+                    step_penalty = step_penalty + penalty.detach()
+                if self.faults is not None:
+                    self.faults.in_step(st.step + 1)
                 grad_norm = self.acc.clip_grad_norm_(self.model.parameters(), self.max_norm)
-                self.opt.step()
+                skip = self.health.step(grad_norm, step_ce / self.plan.accum,
+                                        step_penalty / self.plan.accum)
+                if self.skip_on_device:  # the fused AdamW kernel skips it: no host sync
+                    self.optimizer_inner.found_inf = skip
+                    self.opt.step()
+                elif not skip.item():
+                    self.opt.step()
                 self.opt.zero_grad(set_to_none=True)
                 st.step += 1
                 st.tokens += self.tokens_per_step
@@ -383,21 +473,36 @@ class Loop:
                 interval_steps += 1
 
                 if logged:  # decided before the step, so that the step was watched
-                    n = interval_steps * self.plan.accum
-                    losses = self.acc.reduce(torch.stack([loss_sum, penalty_sum]) / n, "mean")
-                    loss_val, penalty_val = losses.tolist()  # the host sync
+                    vals = self.acc.reduce(self.health.interval(), "mean").tolist()  # host sync
+                    loss_val, penalty_val, bad, loss_max = vals
                     elapsed = clock.take()
                     st.train_seconds += elapsed
+                    st.skipped_steps += int(bad)
                     extra = self.prec.stats()             # rank 0's scales, read in one go
                     self.prec.watch(False)
                     if extra:
                         extra = dict(zip(extra, torch.stack(list(extra.values())).tolist()))
+                    extra["train/skipped_steps"] = int(bad)
+                    extra["train/loss_max"] = loss_max
                     self._log_train(loss_val, penalty_val, lr, float(grad_norm), interval_steps,
                                     elapsed, data_wait, extra)
+                    if bad:
+                        self.progress.message(f"step {st.step:,}: {int(bad)} step(s) of the last "
+                                              f"{interval_steps} had non-finite gradients; their "
+                                              f"updates were skipped ({st.skipped_steps:,} so far)")
+                    spike = self.health.spike(loss_val, loss_max)
+                    if spike:
+                        self.log.warn(f"loss spike in steps {st.step - interval_steps + 1:,}-"
+                                      f"{st.step:,}: {spike}")
                     data_wait = 0.0
-                    loss_sum.zero_()
-                    penalty_sum.zero_()
                     interval_steps = 0
+                if cfg.max_bad_steps and (logged or st.step % self.health_every == 0) and \
+                        self.health.worst_streak() >= cfg.max_bad_steps:
+                    clock.pause()
+                    self._roll_back()
+                    clock.resume()
+                    interval_steps = 0
+                    continue
                 if not last and (logged or st.step % self.stop_check_every == 0):
                     over_time = cfg.max_hours is not None and \
                         time.time() - start_time > cfg.max_hours * 3600
@@ -418,20 +523,93 @@ class Loop:
                     if do_eval:
                         self._evaluate()
                     if do_ckpt:
-                        path = self.ckpt.save(self.acc, st.step, self.config_text)
-                        self.log.file_only(f"checkpoint: {path}")
+                        self._checkpoint(final=bool(last or stop_reason))
                     clock.resume()
                 if stop_reason:
                     break
         finally:
-            batches.close()
+            self.batches.close()
         self.progress.close()
         done = f"stopped early: {stop_reason}; resume with --resume" if stop_reason else "done"
         if self.exit_code == EXIT_STOPPED:
             done += f" (exit {EXIT_STOPPED})"
+        skipped = f", {st.skipped_steps:,} non-finite steps skipped" if st.skipped_steps else ""
+        rolled = f", {st.rollbacks} rollback(s)" if st.rollbacks else ""
         self.log.info(f"{done} at step {st.step:,} ({st.tokens:,} tokens, "
-                      f"{st.train_seconds / 60:.1f} min of training); checkpoint "
-                      f"{self.ckpt.latest()}")
+                      f"{st.train_seconds / 60:.1f} min of training{skipped}{rolled}); "
+                      f"checkpoint {self.ckpt.latest()}")
+
+    def _checkpoint(self, final: bool) -> None:
+        """Save at an interval, at a stop or at the end. A periodic checkpoint is not taken in
+        the middle of a streak of non-finite steps (FP8 scale state may be poisoned: a rollback
+        must never land there). A write that fails leaves the previous checkpoint as it was;
+        the run warns and goes on, unless this was its last chance or checkpoint_required."""
+        st = self.st
+        if not final and self.cfg.max_bad_steps and self.health.in_streak():
+            self.log.warn(f"no checkpoint at step {st.step:,}: the latest steps had non-finite "
+                          "gradients; the next interval will try again")
+            return
+        try:
+            path = self.ckpt.save(self.acc, st.step, self.config_text,
+                                  dict(tokens=st.tokens, config_hash=self.run_hash))
+        except CheckpointWriteError as e:
+            prev = self.ckpt.latest()
+            intact = f"the previous checkpoint '{prev}' is intact" if prev else \
+                "there is no earlier checkpoint"
+            if final or self.cfg.checkpoint_required:
+                why = "checkpoint_required is true" if not final else \
+                    "it was the run's last checkpoint: the steps after the previous one are lost"
+                raise RunFailed(f"{e}; {intact}; stopping because {why}") from None
+            self.log.warn(f"{e}; {intact}; training goes on (checkpoint_required: true stops "
+                          "instead)")
+            return
+        self.log.file_only(f"checkpoint: {path}")
+        if self.recovering_since is not None and st.step > self.recovering_since:
+            self.recovering_since = None   # the remedy carried the run past the trouble
+
+    def _roll_back(self) -> None:
+        """max_bad_steps non-finite steps in a row: restore the last checkpoint, apply the
+        remedy (FP8: a larger margin, or bf16), and skip the training sequences drawn since
+        that checkpoint (the data that led here is not replayed). A second time before a new
+        checkpoint is passed, stop."""
+        cfg, st = self.cfg, self.st
+        what = (f"{cfg.max_bad_steps} or more consecutive steps with non-finite gradients (their "
+                f"updates were skipped), up to step {st.step:,}")
+        found = self.ckpt.latest()
+        hint = "lower learning_rate, raise warmup_steps" + (", raise fp8_margin or train without "
+                                                              "FP8" if self.prec.fp8 else "")
+        if self.recovering_since is not None:
+            raise RunFailed(f"{what}, again after restoring a checkpoint at step "
+                            f"{self.recovering_since:,} and {self.last_remedy}: training "
+                            f"diverges; {hint}")
+        if found is None:
+            raise RunFailed(f"{what}, before the first checkpoint: nothing to restore; {hint}")
+        keep = dict(skipped_steps=st.skipped_steps, rollbacks=st.rollbacks + 1,
+                    data_position=st.data_position)
+        detected = st.step
+        self.batches.close()
+        self.acc.load_state(found)       # model, optimizer, FP8 state, RNG, counters
+        skipped_data = keep["data_position"] - st.data_position
+        for k, v in keep.items():        # counted over the whole run, not reset by the restore
+            setattr(st, k, v)
+        remedy = self.prec.recover(cfg.fp8_recovery)
+        st.fp8_margin_added, st.fp8_off = self.prec.margin_added, self.prec.disabled
+        self.last_remedy = remedy or "skipping the data"
+        self.health.reset()
+        self.metrics.truncate_after(st.step)
+        self.samples_file.truncate_after(st.step)
+        self.recovering_since = detected
+        self.log.warn(f"ROLLBACK: {what}; restored {found} (step {st.step:,}); "
+                      f"{remedy + '; ' if remedy else ''}skipping the {skipped_data:,} training "
+                      f"sequences drawn since that checkpoint")
+        row = {"step": st.step, "tokens": st.tokens, "recovery/rollbacks": st.rollbacks,
+               "recovery/detected_at_step": detected, "recovery/skipped_sequences": skipped_data}
+        if self.prec.fp8:
+            row["recovery/fp8_margin"] = self.prec.margin()
+            row["recovery/fp8_on"] = int(not self.prec.disabled)
+        self.metrics.write(row)
+        self.tracker.log(row)
+        self.batches = self._stream()
 
     def _agreed_max(self, value: int) -> int:
         """The largest of the ranks' values on every rank: any rank's stop request stops all of

@@ -73,3 +73,62 @@ def test_train_clock_excludes_paused_time():
     took = clock.take()
     assert 0.09 <= took < 0.25
     assert clock.take() < 0.05  # take() starts a new interval
+
+
+def test_manifest_verification_catches_every_kind_of_damage(tmp_path):
+    import json
+    from fp8train.checkpoint import MANIFEST, _checksums, verify
+    d = tmp_path / "step_0000001"
+    d.mkdir()
+    (d / "model.safetensors").write_bytes(b"weights" * 100)
+    (d / "optimizer.bin").write_bytes(b"moments" * 100)
+    assert verify(str(d)) == (None, "no manifest (written by an older fp8train): not verified")
+    (d / MANIFEST).write_text(json.dumps({"step": 1, "files": _checksums(str(d))}))
+    problem, note = verify(str(d))
+    assert problem is None and note.startswith("verified 2 files")
+    (d / "optimizer.bin").write_bytes(b"moments" * 99 + b"momentX")   # same size, one byte off
+    assert verify(str(d))[0] == "file 'optimizer.bin' does not match its checksum"
+    (d / "optimizer.bin").write_bytes(b"short")
+    assert verify(str(d))[0] == "file 'optimizer.bin' has 5 bytes, the manifest says 700"
+    (d / "optimizer.bin").unlink()
+    assert verify(str(d))[0] == "file 'optimizer.bin' is missing"
+    (d / MANIFEST).write_text("{")
+    assert verify(str(d))[0].startswith("unreadable manifest")
+
+
+def test_candidates_newest_first_and_partial_writes_removed(tmp_path):
+    make(tmp_path, 10, 20, 30)
+    (tmp_path / "checkpoints" / "latest").write_text("step_0000020\n")  # a kill before the update
+    (tmp_path / "checkpoints" / ".tmp-step_0000040").mkdir()
+    m = CheckpointManager(str(tmp_path), keep=3)
+    assert [p[-2:] for p in m.candidates()] == ["30", "20", "10"]
+    assert m.remove_partial_writes() == [".tmp-step_0000040"]
+    moved = m.set_aside(m.candidates()[0])
+    assert moved.endswith("step_0000030.corrupt") and [s for s, _ in m.complete()] == [10, 20]
+
+
+def test_config_hash_ignores_harmless_keys_only():
+    from fp8train import config as C
+    from fp8train.checkpoint import config_hash
+    base = C.to_dict(C.load_config(["--max_steps=100", "--warmup_steps=10"]))
+    h = config_hash(base)
+    assert config_hash({**base, "log_interval": 1, "max_steps": 5000, "output_dir": "x"}) == h
+    assert config_hash({**base, "learning_rate": 1e-3}) != h
+    assert config_hash({**base, "data": {"train_tokens": 1}}) != config_hash(
+        {**base, "data": {"train_tokens": 2}})
+
+
+def test_changed_on_resume_compares_data_size_and_effective_batch(tmp_path):
+    from fp8train import config as C
+    from fp8train.checkpoint import CONFIG_NAME, changed_on_resume
+    cfg = C.load_config(["--max_steps=100", "--warmup_steps=10"])
+    data = {"train_tokens": 1000, "val_tokens": 100, "vocab_size": 256}
+    (tmp_path / CONFIG_NAME).write_text(
+        C.dump_yaml(cfg, {"data": data, "effective_batch_size": 32}))
+    now = C.to_dict(cfg)
+    assert changed_on_resume(str(tmp_path), now, {"data": data, "effective_batch_size": 32}) == []
+    assert changed_on_resume(str(tmp_path), {**now, "batch_size": 4}) == []  # same effective
+    assert changed_on_resume(str(tmp_path), now, {"data": {**data, "train_tokens": 999},
+                                                  "effective_batch_size": 64}) == [
+        "data (1000 train / 100 val tokens) -> (999 train / 100 val tokens)",
+        "effective_batch_size 32 -> 64"]

@@ -128,6 +128,12 @@ def test_resume_without_the_fp8_state_would_differ(tmp_path):
         state["fp8_state.scale"] = torch.ones_like(state["fp8_state.scale"])
         state["fp8_state.amax_history"] = torch.zeros_like(state["fp8_state.amax_history"])
         save_file(state, str(path), metadata={"format": "pt"})
+        # A deliberate edit: record it in the manifest, or the resume would (rightly) refuse it.
+        import json
+        from fp8train.checkpoint import MANIFEST, _checksums
+        manifest = json.loads((ckpt / MANIFEST).read_text())
+        manifest["files"] = _checksums(str(ckpt), only=list(manifest["files"]))
+        (ckpt / MANIFEST).write_text(json.dumps(manifest))
 
     straight, split = stop_and_resume(tmp_path, between=reset_fp8_state)
     a, b = by_step(straight), by_step(split)

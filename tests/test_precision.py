@@ -366,3 +366,42 @@ def test_te_turns_fp8_off_for_eval_and_samples_and_keeps_its_scales_checkpointed
     # Sampling never runs in FP8 (arbitrary lengths), evaluation only with fp8_eval.
     assert calls == [True, fp8_eval, False]
     assert meta["fp8_checkpoint"] is True
+
+
+# --- remedies after a rollback for non-finite steps (fp8_recovery) ------------------------------
+
+def test_recovery_raises_the_native_margin_or_switches_fp8_off():
+    torch.manual_seed(0)
+    model = tiny_model()
+    ref = tiny_model()
+    ref.load_state_dict(model.state_dict())
+    prec = build_precision(Config(use_fp8=True, fp8_backend="native", fp8_margin=1), CPU,
+                           warn=pytest.fail)
+    model = prec.convert(model)
+    assert prec.recover("margin") == "fp8_margin 1 -> 2"
+    assert prec.state.margin == 2 and "margin 2" in prec.describe()
+    prec.reapply(margin_added=3, fp8_off=False)        # a resume after three rollbacks
+    assert prec.state.margin == 4 and prec.margin_added == 3
+    assert prec.recover("bf16").startswith("FP8 switched off: the converted layers compute in fp32")
+    x = torch.randint(0, 256, (2, 64))
+    with prec.forward_context(training=True):          # training forwards now skip FP8
+        torch.testing.assert_close(model(x), ref(x))
+    assert prec.recover("margin") is None               # nothing left to change
+    assert "switched off" in prec.derived()["fp8"]
+
+
+def test_recovery_for_torchao_and_plain_precisions():
+    pytest.importorskip("torchao")
+    prec = build_precision(Config(use_fp8=True, fp8_backend="torchao"), CPU, warn=pytest.fail)
+    prec.convert(tiny_model())
+    assert prec.recover("margin") == ("FP8 switched off (torchao has no margin to raise): the "
+                                      "converted layers compute in fp32 from here")
+    plain = build_precision(Config(), CPU, warn=pytest.fail)
+    assert plain.recover("margin") is None and not plain.disabled
+
+
+def test_te_recipe_takes_the_raised_margin():
+    recipe_mod = te_recipe_module()
+    cfg = Config(use_fp8=True, fp8_margin=1)
+    assert te_backend.build_recipe(cfg, recipe_mod, margin=3).margin == 3
+    assert te_backend.recipe_kwargs(cfg, 2)["margin"] == 2

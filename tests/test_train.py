@@ -125,11 +125,15 @@ def test_existing_checkpoints_are_never_overwritten_silently(tmp_path):
     r = run_train(*tiny_args(out, max_steps=6), "--resume=auto")
     assert r.returncode == 0 and "nothing to do" in r.stdout
     r = run_train(*tiny_args(out, max_steps=8, learning_rate=0.01), "--resume")
+    assert r.returncode == 2 and "learning_rate 0.003 -> 0.01" in r.stderr   # refused ...
+    r = run_train(*tiny_args(out, max_steps=8, learning_rate=0.01), "--resume",
+                  "--allow_config_change")                                  # ... unless allowed
     assert r.returncode == 0 and "differ from the checkpoint's" in r.stderr
     assert "learning_rate 0.003 -> 0.01" in r.stderr and "max_steps" not in r.stderr
-    r = run_train(*tiny_args(out, max_steps=12, n_layer=3), "--resume")  # another model
+    r = run_train(*tiny_args(out, max_steps=12, n_layer=3, learning_rate=0.01), "--resume",
+                  "--allow_config_change")                                  # another model
     assert r.returncode == 2 and "cannot resume from" in r.stderr and "Traceback" not in r.stderr
-    assert len(r.stderr.strip().splitlines()) == 1
+    assert len([line for line in r.stderr.splitlines() if line.startswith("error:")]) == 1
 
 
 def test_max_hours_stops_with_a_checkpoint_and_resumes(tmp_path):

@@ -19,6 +19,8 @@ class Precision:
     mixed_precision = "no"        # Accelerator(mixed_precision=...)
     fp8 = False
     fallback_from: Optional[str] = None  # set when FP8 was asked for and could not run
+    margin_added = 0              # recovery remedies in effect (see recover)
+    disabled = False
 
     def unavailable(self, device: torch.device) -> Optional[str]:
         """Why this backend cannot run on `device`, or None when it can."""
@@ -53,6 +55,14 @@ class Precision:
     def stats(self) -> "OrderedDict[str, torch.Tensor]":
         """Metric name -> 0-d device tensor for the watched step; read with one host sync."""
         return OrderedDict()
+
+    def recover(self, how: str) -> str | None:
+        """The remedy after a rollback for non-finite steps (`how`: fp8_recovery); returns
+        what changed, or None when there is nothing to change."""
+        return None
+
+    def reapply(self, margin_added: int, fp8_off: bool) -> None:
+        """On resume: apply the remedies of rollbacks before the checkpoint again."""
 
     def describe(self) -> str:
         return self.name
@@ -131,6 +141,8 @@ class Fp8Backend(Precision):
         self.emulate = False      # CPU: FP8 GEMMs emulated in fp32
         self.selection = None
         self.recorder = None
+        self.disabled = False     # FP8 switched off by a recovery: high precision from then on
+        self.margin_added = 0
 
     def select(self, model: nn.Module):
         from .layers import select_linears
@@ -146,13 +158,37 @@ class Fp8Backend(Precision):
         return f"{self.label} FP8 needs a CUDA GPU" if device.type == "cpu" else \
             f"no FP8 on {device.type}"
 
-    @contextlib.contextmanager
     def forward_context(self, training: bool):
-        if training or self.cfg.fp8_eval:
-            yield
-        else:
-            with self.high_precision():
-                yield
+        if self.disabled or not (training or self.cfg.fp8_eval):
+            return self.high_precision()
+        return self.fp8_context()
+
+    def fp8_context(self):
+        """Entered around a forward pass in FP8."""
+        return contextlib.nullcontext()
+
+    def raise_margin(self) -> bool:
+        """fp8_margin + 1 from the next scale update on; False if this backend has no margin."""
+        return False
+
+    def margin(self) -> int:
+        return self.cfg.fp8_margin + self.margin_added
+
+    def recover(self, how: str) -> str | None:
+        if self.disabled:
+            return None
+        if how == "margin" and self.raise_margin():
+            self.margin_added += 1
+            return f"fp8_margin {self.margin() - 1} -> {self.margin()}"
+        self.disabled = True
+        why = "" if how == "bf16" else f" ({self.label} has no margin to raise)"
+        return f"FP8 switched off{why}: the converted layers compute in {self.base.name} from here"
+
+    def reapply(self, margin_added: int, fp8_off: bool) -> None:
+        for _ in range(margin_added - self.margin_added):
+            if self.raise_margin():
+                self.margin_added += 1
+        self.disabled = self.disabled or fp8_off
 
     def high_precision(self):
         """A context in which the converted layers compute like plain Linears (evaluation)."""
@@ -169,7 +205,8 @@ class Fp8Backend(Precision):
 
     def derived(self) -> dict:
         emulated = " (emulated on CPU)" if self.emulate else ""
-        return {"precision": self.base.name, "fp8": self.label + emulated,
+        off = " (switched off after non-finite steps)" if self.disabled else ""
+        return {"precision": self.base.name, "fp8": self.label + emulated + off,
                 "fp8_layers": len(self.selection.chosen)}
 
 

@@ -51,8 +51,11 @@ class Fp8State(nn.Module):
     @torch.no_grad()
     def record(self, index: int, cols: slice, *amaxes: torch.Tensor) -> None:
         """Fold this pass's amax into the current history row (max, so that a recomputed forward
-        under activation checkpointing records the same value, not a second one)."""
+        under activation checkpointing records the same value, not a second one). A non-finite
+        amax (a step whose update will be skipped) is not recorded: in the history it would
+        freeze the scale for history_len steps."""
         new = torch.stack([a.float() for a in amaxes])
+        new = torch.where(torch.isfinite(new), new, torch.zeros_like(new))
         row = self.amax_history[0, index, cols]
         torch.maximum(row, new, out=row)
 
@@ -193,11 +196,16 @@ class Native(Fp8Backend):
             self.state.enabled = True
 
     def after_backward(self) -> None:
-        self.state.update()
+        if not self.disabled:
+            self.state.update()
+
+    def raise_margin(self) -> bool:
+        self.state.margin += 1
+        return True
 
     def describe(self) -> str:
         how = "emulated on CPU: numerics only, no speed-up" if self.emulate \
             else "torch._scaled_mm"
         return (f"FP8 native ({how}); delayed scaling, {self.cfg.fp8_format}, margin "
-                f"{self.cfg.fp8_margin}, amax history {self.cfg.fp8_amax_history_len} "
+                f"{self.margin()}, amax history {self.cfg.fp8_amax_history_len} "
                 f"({self.cfg.fp8_amax_compute_algo})")

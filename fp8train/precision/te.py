@@ -30,18 +30,18 @@ _META = {"input": ("scaling_fwd", 0), "weight": ("scaling_fwd", 1),
          "grad_output": ("scaling_bwd", 0)}
 
 
-def recipe_kwargs(cfg) -> dict:
+def recipe_kwargs(cfg, margin: int | None = None) -> dict:
     """The DelayedScaling arguments, with the format as the name of TE's Format member."""
     return dict(fp8_format={"hybrid": "HYBRID", "e4m3": "E4M3"}[cfg.fp8_format],
-                margin=cfg.fp8_margin, amax_history_len=cfg.fp8_amax_history_len,
+                margin=cfg.fp8_margin if margin is None else margin, amax_history_len=cfg.fp8_amax_history_len,
                 amax_compute_algo=cfg.fp8_amax_compute_algo, reduce_amax=True)
 
 
-def build_recipe(cfg, recipe_module=None):
+def build_recipe(cfg, recipe_module=None, margin: int | None = None):
     """transformer_engine.common.recipe.DelayedScaling for this config."""
     if recipe_module is None:
         from transformer_engine.common import recipe as recipe_module
-    kw = recipe_kwargs(cfg)
+    kw = recipe_kwargs(cfg, margin)
     kw["fp8_format"] = getattr(recipe_module.Format, kw["fp8_format"])
     return recipe_module.DelayedScaling(**kw)
 
@@ -101,14 +101,13 @@ class TransformerEngine(Fp8Backend):
             return autocast(enabled=enabled, recipe=self.recipe)
         return self.te.fp8_autocast(enabled=enabled, fp8_recipe=self.recipe)
 
-    @contextlib.contextmanager
-    def forward_context(self, training: bool):
-        if training or self.cfg.fp8_eval:
-            with self._autocast(True):
-                yield
-        else:
-            with self.high_precision():
-                yield
+    def fp8_context(self):
+        return self._autocast(True)
+
+    def raise_margin(self) -> bool:
+        # TE reads the recipe of the enclosing autocast at every scale update.
+        self.recipe = build_recipe(self.cfg, margin=self.margin() + 1)
+        return True
 
     @contextlib.contextmanager
     def high_precision(self):
@@ -123,7 +122,7 @@ class TransformerEngine(Fp8Backend):
                     m.fp8_meta["fp8_checkpoint"] = True
 
     def describe(self) -> str:
-        kw = recipe_kwargs(self.cfg)
+        kw = recipe_kwargs(self.cfg, self.margin())
         return ("FP8 Transformer Engine: DelayedScaling(" +
                 ", ".join(f"{k}={v}" for k, v in kw.items()) + ")")
 

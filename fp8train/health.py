@@ -1,0 +1,80 @@
+"""Non-finite steps and loss spikes, tracked on the device so that the hot loop never waits for
+the host.
+
+A step is bad when its global gradient norm is not finite. The norm is computed from the
+all-reduced gradients, so every rank reaches the same verdict without a collective of its own.
+The update of a bad step is skipped inside the fused AdamW kernel (its `found_inf` input, the
+mechanism GradScaler uses), which also leaves Adam's step count untouched. The host reads the
+counters at the log interval and at a few-step health check."""
+from __future__ import annotations
+
+import math
+
+import torch
+
+
+class Health:
+    def __init__(self, device: torch.device, spike_factor: float):
+        self.spike_factor = spike_factor
+        z = lambda: torch.zeros((), device=device)  # noqa: E731
+        self.streak = z()         # consecutive bad steps up to now
+        self.worst = z()          # the longest streak since the last reset
+        self.bad = z()            # bad steps in this log interval
+        self.good = z()           # good steps in this log interval
+        self.loss_sum = z()       # their (rank-local) losses and penalties
+        self.penalty_sum = z()
+        self.loss_max = torch.full((), -math.inf, device=device)
+        self.running_mean = None  # host: running mean of interval losses, for spikes
+
+    def step(self, grad_norm: torch.Tensor, loss: torch.Tensor,
+             penalty: torch.Tensor) -> torch.Tensor:
+        """Record one optimizer step; returns 1.0 (skip the update) or 0.0 as a device tensor."""
+        bad = ~torch.isfinite(grad_norm.detach().float())
+        badf = bad.float()
+        self.streak.mul_(badf).add_(badf)           # +1 when bad, back to 0 when good
+        torch.maximum(self.worst, self.streak, out=self.worst)
+        self.bad.add_(badf)
+        self.good.add_(1.0 - badf)
+        loss = loss.detach().float()
+        self.loss_sum.add_(torch.where(bad, 0.0, loss))
+        self.penalty_sum.add_(torch.where(bad, 0.0, penalty.detach().float()))
+        torch.maximum(self.loss_max, torch.where(bad, -math.inf, loss), out=self.loss_max)
+        return badf
+
+    def interval(self) -> torch.Tensor:
+        """[mean loss, mean penalty, bad steps, loss max] of the interval (one device tensor, read
+        with the log's host sync), and a fresh interval."""
+        good = self.good.clamp_min(1.0)
+        nan = torch.full((), math.nan, device=good.device)
+        none_good = self.good == 0
+        out = torch.stack([torch.where(none_good, nan, self.loss_sum / good),
+                           torch.where(none_good, nan, self.penalty_sum / good),
+                           self.bad.clone(), self.loss_max.clone()])
+        for t in (self.bad, self.good, self.loss_sum, self.penalty_sum):
+            t.zero_()
+        self.loss_max.fill_(-math.inf)
+        return out
+
+    def worst_streak(self) -> int:
+        """A host sync: call every few steps, not every step."""
+        return int(self.worst.item())
+
+    def in_streak(self) -> bool:
+        return bool(self.streak.item() > 0)
+
+    def reset(self) -> None:
+        for t in (self.streak, self.worst, self.bad, self.good, self.loss_sum, self.penalty_sum):
+            t.zero_()
+        self.loss_max.fill_(-math.inf)
+
+    def spike(self, loss_mean: float, loss_max: float) -> str | None:
+        """After a logged interval: a message when one of its steps' loss exceeded spike_factor
+        × the running mean of earlier intervals; then folds this interval into that mean."""
+        msg = None
+        m = self.running_mean
+        if self.spike_factor > 0 and m is not None and math.isfinite(loss_max) \
+                and loss_max > self.spike_factor * m:
+            msg = f"a step's loss reached {loss_max:.4f}, {loss_max / m:.1f}× the running mean {m:.4f}"
+        if math.isfinite(loss_mean):
+            self.running_mean = loss_mean if m is None else 0.9 * m + 0.1 * loss_mean
+        return msg
