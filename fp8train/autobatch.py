@@ -15,8 +15,6 @@ memory use, so reruns and requeued jobs skip the probe.
 from __future__ import annotations
 
 import gc
-import hashlib
-import json
 import os
 import time
 from dataclasses import dataclass, field
@@ -25,6 +23,7 @@ from typing import Callable, Optional
 import torch
 
 from .config import Config, ConfigError
+from .keyed_cache import read_entry, write_entry
 
 CACHE_FILE = "batch_probe.json"
 # Per-rank memory budgets for testing and debugging (comma-separated GB, indexed by rank):
@@ -112,7 +111,8 @@ def make_trial(build_model: Callable[[], torch.nn.Module], build_precision, buil
         prec = build_precision()
         model = prec.convert(build_model().to(device))
         model.train()
-        step_model = torch.compile(model) if cfg.compile else model
+        step_model = torch.compile(model, mode=None if cfg.compile_mode == "default" else
+                                   cfg.compile_mode) if cfg.compile else model
         opt = build_optimizer(model)
         x = torch.randint(0, vocab_size, (micro, cfg.seq_len), device=device)
         cuda = device.type == "cuda"
@@ -162,14 +162,11 @@ def device_budget(cfg: Config, device: torch.device, rank: int) -> float:
 def cache_key(cfg: Config, model_desc: dict, precision: str, device_desc: str, world: int) -> dict:
     """Everything that changes how much memory a micro-batch takes (or how much there is)."""
     return dict(model=model_desc, seq_len=cfg.seq_len, precision=precision,
-                compile=cfg.compile, activation_checkpointing=cfg.activation_checkpointing,
+                compile=cfg.compile, compile_mode=cfg.compile_mode,
+                activation_checkpointing=cfg.activation_checkpointing,
                 device=device_desc, world_size=world, torch=torch.__version__,
                 max_batch_size=cfg.max_batch_size, memory_headroom=cfg.memory_headroom,
                 memory_limit=os.environ.get(LIMIT_ENV) or cfg.probe_memory_limit_gb)
-
-
-def _digest(key: dict) -> str:
-    return hashlib.sha256(json.dumps(key, sort_keys=True).encode()).hexdigest()[:16]
 
 
 def cache_path(cfg: Config) -> str:
@@ -177,32 +174,14 @@ def cache_path(cfg: Config) -> str:
 
 
 def read_cache(path: str, key: dict) -> Optional[dict]:
-    try:
-        with open(path, encoding="utf-8") as fh:
-            entry = json.load(fh).get(_digest(key))
-    except (OSError, ValueError, AttributeError):
-        return None
-    return entry if entry and entry.get("key") == key else None
+    return read_entry(path, key)
 
 
 def write_cache(path: str, key: dict, fitted: int, seconds: float, trials: list) -> None:
-    try:
-        with open(path, encoding="utf-8") as fh:
-            data = json.load(fh)
-        if not isinstance(data, dict):
-            data = {}
-    except (OSError, ValueError):
-        data = {}
-    data[_digest(key)] = dict(key=key, fitted_micro_batch=fitted, probe_seconds=round(seconds, 2),
-                              trials=[dict(micro=m, fits=ok,
-                                           peak_gb=None if peak is None else round(peak / 1e9, 4))
-                                      for m, ok, peak in trials],
-                              date=time.strftime("%Y-%m-%d %H:%M:%S"))
-    os.makedirs(os.path.dirname(path) or ".", exist_ok=True)
-    tmp = f"{path}.tmp.{os.getpid()}"
-    with open(tmp, "w", encoding="utf-8") as fh:
-        json.dump(data, fh, indent=1, sort_keys=True)
-    os.replace(tmp, path)
+    write_entry(path, key, dict(
+        fitted_micro_batch=fitted, probe_seconds=round(seconds, 2),
+        trials=[dict(micro=m, fits=ok, peak_gb=None if peak is None else round(peak / 1e9, 4))
+                for m, ok, peak in trials]))
 
 
 # --- agreement ----------------------------------------------------------------------------------
@@ -212,6 +191,10 @@ class Fit:
     micro: int              # agreed fitted micro-batch (the minimum over ranks)
     seconds: float          # probe time (the slowest rank); 0 when every rank used the cache
     cached: bool
+
+
+class DoesNotFit(ConfigError):
+    """Micro-batch 1 does not fit the memory budget (on some rank)."""
 
 
 def agree(local_micro: Optional[int], seconds: float, cached: bool, error: Optional[str],
@@ -229,7 +212,7 @@ def agree(local_micro: Optional[int], seconds: float, cached: bool, error: Optio
             raise RuntimeError(f"batch discovery failed on rank {rank}: {err}")
     for rank, (_, _, _, _, nf) in enumerate(gathered):
         if nf:
-            raise ConfigError(nf if world == 1 else f"rank {rank}: {nf}")
+            raise DoesNotFit(nf if world == 1 else f"rank {rank}: {nf}")
     return Fit(micro=min(g[0] for g in gathered), seconds=max(g[1] for g in gathered),
                cached=all(g[2] for g in gathered))
 

@@ -30,7 +30,7 @@ MANIFEST_FORMAT = 1
 # logged and carried out). Any other change is refused on resume unless allow_config_change.
 HARMLESS_ON_RESUME = {"output_dir", "resume", "data_dir", "max_steps", "num_epochs", "max_hours",
                       "log_interval", "eval_interval", "eval_sequences", "checkpoint_interval",
-                      "keep_checkpoints", "compile", "activation_checkpointing", "use_wandb",
+                      "keep_checkpoints", "compile", "compile_mode", "activation_checkpointing", "use_wandb",
                       "wandb_project", "wandb_entity", "wandb_run_name", "wandb_tags",
                       # how the run is carried out, not what it trains
                       "plan_only", "reprobe", "batch_cache_dir", "data_prefetch", "tf32",

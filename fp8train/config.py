@@ -26,7 +26,7 @@ GROUPS = ("run", "data", "model", "batch", "optimizer", "duration", "loss", "pre
           "fp8", "logging", "reliability", "wandb")
 
 MODEL_PRESETS = ("gpt2-124m", "gpt2-350m", "llama-350m", "llama-1b", "tiny", "tiny-llama")
-KNOWN_DATASETS = ("tinyshakespeare", "fineweb-edu", "openwebtext")
+KNOWN_DATASETS = ("tinyshakespeare", "fineweb-edu", "openwebtext", "synthetic")
 
 
 def _key(default, doc, group, *, choices=None, min=None, max=None, gt=None):
@@ -53,7 +53,7 @@ class Config:
     # --- data ------------------------------------------------------------------------------
     dataset: str = _key(
         "tinyshakespeare", "tinyshakespeare | fineweb-edu | openwebtext (prepared under data_dir) "
-        "| a prepared directory | a .txt file",
+        "| a prepared directory | a .txt file | synthetic (benchmarks: no files, GPT-2 vocab)",
         "data")
     data_dir: Optional[str] = _key(
         None, "where datasets are looked up; default $FP8TRAIN_DATA_DIR, else ./data", "data")
@@ -81,9 +81,13 @@ class Config:
     pad_vocab_multiple: int = _key(128, "pad the vocabulary to a multiple of this (fast GEMMs)",
                                    "model", min=1)
     activation_checkpointing: bool = _key(
-        False, "recompute each block's activations in backward (less memory, ~30% more compute)",
-        "model")
+        False, "recompute each block's activations in backward (less memory, ~30% more compute); "
+        "auto_batch_size turns it on when micro-batch 1 does not fit without it", "model")
     compile: bool = _key(False, "torch.compile the model", "model")
+    compile_mode: str = _key(
+        "default", "torch.compile mode: default | reduce-overhead (CUDA graphs: less launch "
+        "overhead for small models) | max-autotune | max-autotune-no-cudagraphs", "model",
+        choices=("default", "reduce-overhead", "max-autotune", "max-autotune-no-cudagraphs"))
     # --- batch -----------------------------------------------------------------------------
     batch_size: int = _key(8, "micro-batch per device, in sequences", "batch", min=1)
     gradient_accumulation_steps: Optional[int] = _key(
@@ -103,7 +107,8 @@ class Config:
     batch_cache_dir: Optional[str] = _key(
         None, "where discovered micro-batches are cached (batch_probe.json); default output_dir",
         "batch")
-    reprobe: bool = _key(False, "ignore the cached micro-batch and probe again", "batch")
+    reprobe: bool = _key(False, "ignore the cached micro-batch (and fp8_layers auto timings) "
+                         "and measure again", "batch")
     # --- optimizer -------------------------------------------------------------------------
     learning_rate: float = _key(6e-4, "peak learning rate (after warmup)", "optimizer", gt=0.0)
     min_lr_ratio: float = _key(0.1, "final LR as a fraction of learning_rate (cosine decay)",
@@ -160,9 +165,16 @@ class Config:
     fp8_recipe: str = _key(
         "tensorwise", "torchao scaling recipe: tensorwise | rowwise | rowwise_with_gw_hp", "fp8",
         choices=("tensorwise", "rowwise", "rowwise_with_gw_hp"))
+    fp8_layers: str = _key(
+        "auto", "which eligible Linears (dims divisible by 16, not in fp8_exclude) go to FP8: "
+        "auto (each shape timed on the GPU, FP8 where faster; all on CPU) | all | min_size "
+        "(fp8_min_layer_size)", "fp8", choices=("auto", "all", "min_size"))
+    fp8_auto_margin: float = _key(
+        0.05, "fp8_layers auto: convert a shape only when FP8 is at least this much faster "
+        "(0.05: speed-up >= 1.05x)", "fp8", min=0.0)
     fp8_min_layer_size: int = _key(
-        0, "convert only Linears with at least this many weights (in x out); FP8 pays off "
-        "on large GEMMs only", "fp8", min=0)
+        0, "fp8_layers min_size: convert only Linears with at least this many weights "
+        "(in x out)", "fp8", min=0)
     fp8_exclude: list = _key(["lm_head"], "Linears kept out of FP8 (name patterns, * wildcard)",
                              "fp8")
     fp8_log_layers: bool = _key(True, "log fp8/<layer>/... scales per layer (aggregates always)",
@@ -503,6 +515,10 @@ def validate(cfg: Config) -> None:
     if cfg.use_fp8 and cfg.seq_len % 16:
         err(f"key 'seq_len' ({cfg.seq_len}) must be a multiple of 16 with use_fp8: FP8 GEMMs "
             "need the token dimension divisible by 16")
+    if cfg.fp8_min_layer_size and cfg.fp8_layers != "min_size":
+        err(f"key 'fp8_min_layer_size' ({cfg.fp8_min_layer_size}) applies only with fp8_layers: "
+            f"min_size, but fp8_layers is '{cfg.fp8_layers}'; set fp8_layers: min_size or "
+            "remove fp8_min_layer_size")
     if cfg.batch_cache_dir is not None and os.path.exists(cfg.batch_cache_dir) and \
             not os.path.isdir(cfg.batch_cache_dir):
         err(f"key 'batch_cache_dir': '{cfg.batch_cache_dir}' is not a directory")

@@ -206,6 +206,35 @@ def load_tokens(dataset: str, data_dir: str, tokenizer, seq_len: int, val_fracti
     return TokenSplits(train=train, val=val, vocab_size=tokenizer.vocab_size, source=path)
 
 
+SYNTHETIC_VOCAB = 50257   # GPT-2's: the LM head of a benchmark is as large as a real run's
+
+
+def synthetic_splits(train_tokens: int = 1 << 23, val_tokens: int = 1 << 18) -> TokenSplits:
+    """A fixed, learnable token stream that needs no files: benchmarks (scripts/bench.py) and
+    smoke tests on machines without data. "Words" of 1-6 random tokens are drawn from a Zipf
+    distribution over a 16,384-word dictionary, so the loss falls quickly from ln(50257) = 10.8
+    and a precision or compile mode that breaks numerics shows within a few hundred steps.
+    The same stream every time (fixed seeds)."""
+    rng = np.random.default_rng(20261122)
+    n_words = 16384
+    lengths = rng.integers(1, 7, n_words)
+    offsets = np.concatenate([[0], np.cumsum(lengths)[:-1]])
+    spelling = rng.integers(0, SYNTHETIC_VOCAB, int(lengths.sum())).astype(np.uint16)
+    cdf = np.cumsum(1.0 / np.arange(1, n_words + 1))
+    cdf /= cdf[-1]
+
+    def stream(n: int, seed: int) -> np.ndarray:
+        u = np.random.default_rng(seed).random(n // 2 + 1)
+        words = np.minimum(np.searchsorted(cdf, u), n_words - 1)   # Zipf by inverse CDF
+        lens = lengths[words]           # 3.5 tokens per word on average: n // 2 words suffice
+        first = np.repeat(np.cumsum(lens) - lens, lens)
+        pos = np.repeat(offsets[words], lens) + np.arange(int(lens.sum())) - first
+        return spelling[pos][:n]
+
+    return TokenSplits(train=stream(train_tokens, 1), val=stream(val_tokens, 2),
+                       vocab_size=SYNTHETIC_VOCAB, source="synthetic (Zipf words, no files)")
+
+
 # ------------------------------------------------------------------------------------------------
 # Batches
 # ------------------------------------------------------------------------------------------------

@@ -19,7 +19,7 @@ from .config import Config, ConfigError
 from .faults import Faults
 from .health import Health
 from .data import (BatchStream, RandomWindows, build_tokenizer, corpus_path, load_prepared, load_tokens,
-                   prepared_dir, val_batches)
+                   prepared_dir, synthetic_splits, val_batches)
 from .loss import lm_loss
 from .metrics import MetricsWriter, peak_flops, peak_note, throughput
 from .model import GPT, model_config_from
@@ -182,6 +182,9 @@ def train(cfg: Config) -> int:
              f"{mcfg.n_head} heads), {n_params / 1e6:.2f}M parameters "
              f"({model.num_params(exclude_embeddings=True) / 1e6:.2f}M non-embedding), "
              f"vocab {mcfg.vocab_size:,} padded to {mcfg.padded_vocab_size:,}")
+    prec.set_tokens(plan.micro * cfg.seq_len, log.info)  # fp8_layers auto times at this size
+    if resume_from is not None and prec.fp8:
+        prec.resume_layers(saved_derived(resume_from))
     model = prec.convert(model.to(device))
     if prec.fp8:
         log.info(prec.selection.describe())
@@ -190,7 +193,8 @@ def train(cfg: Config) -> int:
     model, optimizer = accelerator.prepare(model, optimizer)
     prec.after_prepare(accelerator)
     if cfg.compile:
-        model = torch.compile(model)
+        model = torch.compile(model, mode=None if cfg.compile_mode == "default" else
+                              cfg.compile_mode)
     train_state = TrainState()
     accelerator.register_for_checkpointing(train_state)
 
@@ -251,7 +255,7 @@ def train(cfg: Config) -> int:
     tracker.start(cfg, {**config_mod.to_dict(cfg), "derived": derived},
                   resuming=resume_from is not None)
     samples = Sampler(cfg, mcfg, prec, accelerator, samples_file, log.warn) \
-        if cfg.eval_samples else None
+        if cfg.eval_samples and cfg.dataset != "synthetic" else None  # no text to show
     loop = Loop(cfg, accelerator, prec, model, optimizer, sampler, eval_set, sched, plan,
                 train_state, ckpt, metrics, log, flops_per_token, config_text, max_lr, tracker,
                 samples, run_hash, faults, samples_file)
@@ -297,6 +301,8 @@ def _plan_from_checkpoint(cfg: Config, checkpoint: str, world: int):
 def _load_data(cfg: Config, accelerator, log):
     """Prepared shards when `dataset` names them (checked, memory-mapped), else a text corpus
     tokenized here (tinyshakespeare is downloaded first, by rank 0)."""
+    if cfg.dataset == "synthetic":
+        return synthetic_splits()
     directory = prepared_dir(cfg.dataset, cfg.data_dir)
     if directory is not None:
         return load_prepared(directory, cfg.dataset, cfg.data_dir, cfg.tokenizer, cfg.seq_len)
@@ -328,12 +334,25 @@ def _discover_plan(cfg: Config, mcfg, prec: Precision, accelerator, log):
         device_desc = device.type
     key = autobatch.cache_key(cfg, dataclasses.asdict(mcfg), prec.name, device_desc,
                               accelerator.num_processes)
-    fit = autobatch.discover(cfg, trial, key, device, accelerator.process_index,
-                             accelerator.num_processes, accelerator.is_main_process, log.info)
+    note = ""
+    try:
+        fit = autobatch.discover(cfg, trial, key, device, accelerator.process_index,
+                                 accelerator.num_processes, accelerator.is_main_process, log.info)
+    except autobatch.DoesNotFit as e:
+        if cfg.activation_checkpointing:
+            raise
+        # Recomputing activations costs ~30% more compute: worth it only when nothing fits
+        # without it. The cache key includes the setting, so this probes (or reads) anew.
+        log.warn(f"{e}; trying again with activation_checkpointing on")
+        cfg.activation_checkpointing = True
+        key = dict(key, activation_checkpointing=True)
+        fit = autobatch.discover(cfg, trial, key, device, accelerator.process_index,
+                                 accelerator.num_processes, accelerator.is_main_process, log.info)
+        note = "; activation_checkpointing turned on: micro-batch 1 did not fit without it"
     plan = autobatch.plan_from_fit(cfg, accelerator.num_processes, fit.micro)
     how = f"cached in {autobatch.cache_path(cfg)}" if fit.cached else \
         f"probe {fit.seconds:.1f} s"
-    return plan, f"fitted micro {fit.micro} of max {cfg.max_batch_size} ({how})"
+    return plan, f"fitted micro {fit.micro} of max {cfg.max_batch_size} ({how}){note}"
 
 
 def _ensure_writable_dir(path: str, source: str) -> None:

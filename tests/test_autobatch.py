@@ -202,3 +202,18 @@ def test_scaled_lr_is_the_peak_the_schedule_reaches(tmp_path):
     assert rows[0]["step"] == 4 and rows[0]["train/lr"] == pytest.approx(3e-3 * 16 / 32)
     derived = yaml.safe_load(open(out / "config.yaml"))["derived"]
     assert derived["peak_learning_rate"] == pytest.approx(1.5e-3)
+
+
+def test_activation_checkpointing_is_turned_on_only_when_nothing_fits_without_it(tmp_path):
+    """0.018 GB: micro-batch 1 of the tiny model (18 MB measured) does not fit, but it does
+    with recomputed activations; at 0.1 GB it fits without, and the setting stays off."""
+    r = run_train("--config=configs/test_auto_batch.yaml", f"--output_dir={tmp_path / 'a'}",
+                  "--plan-only", "--probe_memory_limit_gb=0.018")
+    assert r.returncode == 0, r.stderr[-2000:]
+    assert "the model does not fit with micro-batch 1" in r.stderr and \
+        "trying again with activation_checkpointing on" in r.stderr
+    assert "activation_checkpointing turned on: micro-batch 1 did not fit without it" in r.stdout
+    r = run_train("--config=configs/test_auto_batch.yaml", f"--output_dir={tmp_path / 'b'}",
+                  "--plan-only")
+    assert r.returncode == 0 and "activation_checkpointing turned on" not in r.stdout
+    assert "does not fit" not in r.stderr

@@ -7,8 +7,9 @@ The loop calls these hooks and never asks which backend it has."""
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 from collections import OrderedDict
-from typing import Optional
+from typing import Callable, Optional
 
 import torch
 from torch import nn
@@ -28,6 +29,12 @@ class Precision:
 
     def accelerator_kwargs(self) -> dict:
         return {"mixed_precision": self.mixed_precision}
+
+    def set_tokens(self, tokens: int, info: Optional[Callable[[str], None]] = None) -> None:
+        """The rows one forward pass feeds each Linear (micro-batch x seq_len), known once the
+        batch plan is, and where to report; called by the trainer before `convert`. FP8's
+        fp8_layers: auto times the layer shapes at this size; without it (the micro-batch
+        probe's throw-away models) nothing is timed."""
 
     def convert(self, model: nn.Module) -> nn.Module:
         """Change the model in place before Accelerate prepares it; returns it."""
@@ -143,11 +150,49 @@ class Fp8Backend(Precision):
         self.recorder = None
         self.disabled = False     # FP8 switched off by a recovery: high precision from then on
         self.margin_added = 0
+        self.tokens: Optional[int] = None   # set_tokens; None: fp8_layers auto times nothing
+        self.info: Callable[[str], None] = lambda msg: None
+        self.timer = None         # fp8_layers auto: shape -> (base s, fp8 s); None: CUDA events
+        self.layer_policy = cfg.fp8_layers   # what the layer policy did, for config.yaml
+        # On resume, the layers the checkpoint's run converted ("all" for runs from before the
+        # policy existed): its weights only load into the same set, whatever timing says now.
+        self.resumed_layers: "list | str | None" = None
+
+    def set_tokens(self, tokens: int, info: Optional[Callable[[str], None]] = None) -> None:
+        self.tokens = tokens
+        if info is not None:
+            self.info = info
+
+    def resume_layers(self, saved: dict) -> None:
+        """Take fp8_layers auto's decision from the `derived` values of the checkpoint being
+        resumed, instead of timing again."""
+        if self.cfg.fp8_layers == "auto" and not str(saved.get("fp8", "off")).startswith("off"):
+            self.resumed_layers = saved.get("fp8_layer_names", "all")
 
     def select(self, model: nn.Module):
         from .layers import select_linears
-        self.selection = select_linears(model, self.cfg.fp8_min_layer_size, self.cfg.fp8_exclude)
+        from .policy import layer_decision
+        mode = self.cfg.fp8_layers
+        if self.resumed_layers is not None:
+            sel = select_linears(model, 0, self.cfg.fp8_exclude)
+            if self.resumed_layers != "all":
+                for name in [n for n in sel.chosen if n not in self.resumed_layers]:
+                    sel.chosen.remove(name)
+                    sel.skipped[name] = "kept in high precision, as in the resumed checkpoint"
+            self.selection, self.layer_policy = sel, "auto (the resumed checkpoint's decision)"
+            return sel.chosen
+        keep = layer_decision(self, model) if mode == "auto" else {}
+        min_size = self.cfg.fp8_min_layer_size if mode == "min_size" else 0
+        self.selection = select_linears(model, min_size, self.cfg.fp8_exclude, keep)
         return self.selection.chosen
+
+    def timing_copy(self) -> "Fp8Backend":
+        """A fresh backend of this kind for timing one layer (fp8_layers auto): it converts
+        every layer it is given and logs no per-layer scales. `unavailable` must be called on it
+        before `convert`, as for any backend."""
+        cfg = dataclasses.replace(self.cfg, fp8_layers="all", fp8_min_layer_size=0,
+                                  fp8_exclude=[], fp8_log_layers=False)
+        return type(self)(cfg, self.base)
 
     def device_gate(self, device: torch.device, cpu_emulation: bool) -> Optional[str]:
         if device.type == "cuda":
@@ -207,7 +252,8 @@ class Fp8Backend(Precision):
         emulated = " (emulated on CPU)" if self.emulate else ""
         off = " (switched off after non-finite steps)" if self.disabled else ""
         return {"precision": self.base.name, "fp8": self.label + emulated + off,
-                "fp8_layers": len(self.selection.chosen)}
+                "fp8_layers": len(self.selection.chosen), "fp8_layer_policy": self.layer_policy,
+                "fp8_layer_names": list(self.selection.chosen)}
 
 
 def cuda_fp8_gate(device: torch.device) -> Optional[str]:

@@ -30,11 +30,19 @@ class Selection:
         return line
 
 
-def select_linears(model: nn.Module, min_size: int = 0, exclude=("lm_head",)) -> Selection:
+def shape_of(mod: nn.Linear) -> tuple:
+    """(in_features, out_features, bias): what the speed of a Linear's GEMMs depends on."""
+    return (mod.in_features, mod.out_features, mod.bias is not None)
+
+
+def select_linears(model: nn.Module, min_size: int = 0, exclude=("lm_head",),
+                   keep: dict | None = None) -> Selection:
     """FP8 GEMMs need both dims divisible by 16, and pay off only when large; the embedding is a
     lookup (never a Linear) and the LM head is excluded by default (its logits feed the loss
-    directly, where FP8 error costs most)."""
+    directly, where FP8 error costs most). `keep` (shape -> reason) is fp8_layers auto's
+    decision: eligible layers of those shapes stay in high precision, for that reason."""
     sel = Selection()
+    keep = keep or {}
     for name, mod in model.named_modules():
         if not isinstance(mod, nn.Linear):
             continue
@@ -44,6 +52,8 @@ def select_linears(model: nn.Module, min_size: int = 0, exclude=("lm_head",)) ->
             sel.skipped[name] = "dims not divisible by 16"
         elif mod.in_features * mod.out_features < min_size:
             sel.skipped[name] = f"smaller than fp8_min_layer_size {min_size:,}"
+        elif shape_of(mod) in keep:
+            sel.skipped[name] = keep[shape_of(mod)]
         else:
             sel.chosen.append(name)
     return sel

@@ -30,18 +30,20 @@ _META = {"input": ("scaling_fwd", 0), "weight": ("scaling_fwd", 1),
          "grad_output": ("scaling_bwd", 0)}
 
 
-def recipe_kwargs(cfg, margin: int | None = None) -> dict:
-    """The DelayedScaling arguments, with the format as the name of TE's Format member."""
+def recipe_kwargs(cfg, margin: int | None = None, reduce_amax: bool = True) -> dict:
+    """The DelayedScaling arguments, with the format as the name of TE's Format member.
+    reduce_amax=False only for fp8_layers auto's timing, which runs on rank 0 alone: with it,
+    TE would all-reduce the amaxes over ranks that never join."""
     return dict(fp8_format={"hybrid": "HYBRID", "e4m3": "E4M3"}[cfg.fp8_format],
                 margin=cfg.fp8_margin if margin is None else margin, amax_history_len=cfg.fp8_amax_history_len,
-                amax_compute_algo=cfg.fp8_amax_compute_algo, reduce_amax=True)
+                amax_compute_algo=cfg.fp8_amax_compute_algo, reduce_amax=reduce_amax)
 
 
-def build_recipe(cfg, recipe_module=None, margin: int | None = None):
+def build_recipe(cfg, recipe_module=None, margin: int | None = None, reduce_amax: bool = True):
     """transformer_engine.common.recipe.DelayedScaling for this config."""
     if recipe_module is None:
         from transformer_engine.common import recipe as recipe_module
-    kw = recipe_kwargs(cfg, margin)
+    kw = recipe_kwargs(cfg, margin, reduce_amax)
     kw["fp8_format"] = getattr(recipe_module.Format, kw["fp8_format"])
     return recipe_module.DelayedScaling(**kw)
 
@@ -54,6 +56,12 @@ class TransformerEngine(Fp8Backend):
         self.te = None
         self.recipe = None
         self.modules: dict = {}
+        self.reduce_amax = True   # False in timing_copy
+
+    def timing_copy(self) -> "TransformerEngine":
+        copy = super().timing_copy()
+        copy.reduce_amax = False
+        return copy
 
     def unavailable(self, device: torch.device) -> Optional[str]:
         if device.type != "cuda":
@@ -75,7 +83,7 @@ class TransformerEngine(Fp8Backend):
 
     def convert(self, model: nn.Module) -> nn.Module:
         te = self.te
-        self.recipe = build_recipe(self.cfg)
+        self.recipe = build_recipe(self.cfg, reduce_amax=self.reduce_amax)
         for name in self.select(model):
             lin = model.get_submodule(name)
             new = te.Linear(lin.in_features, lin.out_features, bias=lin.bias is not None,
@@ -106,7 +114,8 @@ class TransformerEngine(Fp8Backend):
 
     def raise_margin(self) -> bool:
         # TE reads the recipe of the enclosing autocast at every scale update.
-        self.recipe = build_recipe(self.cfg, margin=self.margin() + 1)
+        self.recipe = build_recipe(self.cfg, margin=self.margin() + 1,
+                                   reduce_amax=self.reduce_amax)
         return True
 
     @contextlib.contextmanager

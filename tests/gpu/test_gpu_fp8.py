@@ -1,6 +1,7 @@
 """FP8 on a real GPU (H100/H200; skipped without CUDA, and FP8 parts without SM >= 8.9): each
 backend trains the tiny model 100 steps; the loss stays finite and within 2% of the bf16 run at
-every logged step, the scales are logged, and the native GEMMs match their emulation."""
+every logged step, the scales are logged, and the native GEMMs match their emulation.
+fp8_layers auto's CUDA timer times each backend, and a run times once, then reads the cache."""
 import importlib.util
 import json
 
@@ -42,7 +43,7 @@ def test_fp8_backend_tracks_bf16_on_gpu(tmp_path, bf16_curve, backend):
         pytest.skip("transformer_engine not installed")
     out = tmp_path / backend
     r = run_train(*tiny_args(out, **RUN), "--use_fp8", f"--fp8_backend={backend}",
-                  "--fp8_fallback=error")
+                  "--fp8_fallback=error", "--fp8_layers=all")   # auto may keep tiny layers
     assert r.returncode == 0, r.stderr[-3000:]
     d = yaml.safe_load(open(out / "config.yaml"))["derived"]
     assert d["fp8"] == backend and d["precision"] == "bf16" and d["fp8_layers"] == 16
@@ -54,6 +55,45 @@ def test_fp8_backend_tracks_bf16_on_gpu(tmp_path, bf16_curve, backend):
     for row in rows:
         assert row["fp8/fwd_scale"] > 0 and row["fp8/bwd_scale"] > 0 and row["fp8/amax"] > 0
         assert "fp8/blocks.0.attn.qkv/fwd_scale_input" in row
+
+
+@fp8_gpu
+@pytest.mark.parametrize("backend", ["native", "torchao", "te"])
+def test_cuda_timer_times_both_variants_of_a_shape(backend):
+    if backend != "native" and importlib.util.find_spec(
+            {"torchao": "torchao", "te": "transformer_engine"}[backend]) is None:
+        pytest.skip(f"{backend} not installed")
+    from fp8train.config import Config
+    from fp8train.precision import build_precision, policy
+    dev = torch.device("cuda")
+    prec = build_precision(Config(use_fp8=True, fp8_backend=backend, fp8_fallback="error"), dev,
+                           warn=pytest.fail)
+    rng = torch.cuda.get_rng_state()
+    base_s, fp8_s = policy.cuda_timer(prec, dev, 8192)((4096, 4096, True))
+    assert 0 < base_s < 1 and 0 < fp8_s < 1, (base_s, fp8_s)
+    assert torch.equal(torch.cuda.get_rng_state(), rng)   # the run's RNG is untouched
+    print(f"{backend}: 4096 x 4096 at 8192 tokens: bf16 {base_s * 1e3:.3f} ms, "
+          f"fp8 {fp8_s * 1e3:.3f} ms ({base_s / fp8_s:.2f}x)")
+
+
+@fp8_gpu
+def test_fp8_layers_auto_times_once_then_reads_the_cache(tmp_path):
+    out = tmp_path / "auto"
+    args = [*tiny_args(out, **{**RUN, "max_steps": 2, "warmup_steps": 1, "eval_interval": 2,
+                               "checkpoint_interval": 2}),
+            "--use_fp8", "--fp8_backend=native", "--fp8_fallback=error", "--fp8_layers=auto"]
+    first = run_train(*args)
+    assert first.returncode == 0, first.stderr[-3000:]
+    assert "fp8_layers auto: forward + backward of one layer at 2,048 tokens" in first.stdout
+    assert "timed in" in first.stdout and (out / "fp8_layers.json").is_file()
+    again = run_train(*args, f"--output_dir={tmp_path / 'again'}",
+                      f"--batch_cache_dir={out}")
+    assert again.returncode == 0, again.stderr[-3000:]
+    assert ": nothing timed)" in again.stdout
+    d1 = yaml.safe_load(open(out / "config.yaml"))["derived"]
+    d2 = yaml.safe_load(open(tmp_path / "again" / "config.yaml"))["derived"]
+    assert d1["fp8_layers"] == d2["fp8_layers"]
+    assert d2["fp8_layer_policy"].endswith("(cached at 2,048 tokens)")
 
 
 @fp8_gpu

@@ -1,0 +1,49 @@
+"""scripts/bench.py --quick on CPU: the harness end to end (real train_fp8.py runs on the
+synthetic stream, the probe's micro-batch, FP8 layer counts, the tables). It checks the
+harness, not speed: CPU numbers say nothing about a GPU."""
+import json
+import math
+import subprocess
+import sys
+
+import numpy as np
+
+from conftest import ROOT
+
+
+def test_bench_quick_writes_results_for_every_configuration(tmp_path):
+    out = tmp_path / "bench"
+    r = subprocess.run([sys.executable, "scripts/bench.py", "--quick", "--out", str(out)],
+                       cwd=ROOT, capture_output=True, text=True, timeout=900)
+    assert r.returncode == 0, r.stdout[-2000:] + r.stderr[-2000:]
+    report = json.loads((out / "results.json").read_text())
+    rows = report["results"]
+    assert [(x["preset"], x["precision"], x["compile"]) for x in rows] == [
+        ("tiny", "fp32", False), ("tiny", "native", False), ("tiny", "torchao", False)]
+    for x in rows:
+        assert x["status"] == "ok" and x["tokens_per_sec"] > 0 and x["step_time_ms"] > 0
+        assert x["micro_batch"] == 4 and x["steps"] == 3            # from the probe, cap 4
+        assert math.isfinite(x["loss"]) and 9.0 < x["loss"] < 11.5  # ln(50257) = 10.8 at start
+    assert [x["fp8_layers"] for x in rows] == [0, 16, 16]
+    assert [x["fp8_used"] for x in rows][1:] == ["native (emulated on CPU)",
+                                                 "torchao (emulated on CPU)"]
+    assert report["environment"]["torch_version"] and "fp32" in (out / "results.md").read_text()
+    assert not (out / "runs").exists() or not any((out / "runs").iterdir())  # cleaned up
+    assert "wrote" in r.stdout and "| tiny | native | off | 4 |" in r.stdout
+
+
+def test_bench_rejects_steps_that_are_not_whole_warmup_intervals():
+    r = subprocess.run([sys.executable, "scripts/bench.py", "--steps", "5", "--warmup", "2"],
+                       cwd=ROOT, capture_output=True, text=True, timeout=60)
+    assert r.returncode == 2 and "--steps must be a positive multiple of --warmup" in r.stderr
+
+
+def test_synthetic_stream_is_fixed_and_learnable():
+    from fp8train.data import SYNTHETIC_VOCAB, synthetic_splits
+    a, b = synthetic_splits(1 << 16, 1 << 12), synthetic_splits(1 << 16, 1 << 12)
+    assert np.array_equal(a.train, b.train) and len(a.train) == 1 << 16
+    assert a.vocab_size == SYNTHETIC_VOCAB and a.train.max() < SYNTHETIC_VOCAB
+    # Far from uniform: the Zipf words make the unigram entropy well below ln(vocab).
+    counts = np.bincount(a.train, minlength=SYNTHETIC_VOCAB)
+    p = counts[counts > 0] / counts.sum()
+    assert -(p * np.log(p)).sum() < 0.9 * math.log(SYNTHETIC_VOCAB)
