@@ -15,7 +15,8 @@ events around those steps would measure, with evaluation and checkpoints exclude
 after the last step is reported too, on the same token stream for every configuration, so a
 speed-up that breaks numerics shows. Writes OUT/results.json and OUT/results.md, and prints the
 table. A configuration that fails is reported with its error and the rest go on; `--budget-min`
-stops starting new ones when the time is up, so that one command fits a time slot.
+bounds the whole command (a run still going then is stopped and reported, the rest skipped),
+so that one command fits a time slot.
 """
 import argparse
 import json
@@ -48,8 +49,10 @@ def parse(argv):
     p.add_argument("--max-batch", type=int, help="ceiling of the probed micro-batch [64]")
     p.add_argument("--out", default="bench", help="results folder [bench]")
     p.add_argument("--budget-min", type=float, default=9.5,
-                   help="start no new configuration after this many minutes [9.5]")
-    p.add_argument("--run-timeout", type=float, default=600, help="seconds per configuration")
+                   help="the whole command's time limit: a configuration still running then is "
+                   "stopped and reported, later ones are skipped [9.5]")
+    p.add_argument("--run-timeout", type=float, default=600,
+                   help="seconds per configuration at most [600]")
     p.add_argument("--keep-runs", action="store_true", help="keep each run directory")
     p.add_argument("--quick", action="store_true",
                    help="tiny model on CPU, 3 precisions, 3 steps: checks the harness, not speed")
@@ -118,7 +121,7 @@ def summarise(conf: dict, run_dir: str, args) -> dict:
     return out
 
 
-def run_one(conf: dict, args) -> dict:
+def run_one(conf: dict, args, timeout: float) -> dict:
     name = f"{conf['preset']}-{conf['precision']}-{'compile' if conf['compile'] else 'eager'}"
     run_dir = os.path.join(args.out, "runs", name)
     shutil.rmtree(run_dir, ignore_errors=True)
@@ -127,10 +130,10 @@ def run_one(conf: dict, args) -> dict:
     try:
         r = subprocess.run([sys.executable, os.path.join(ROOT, "train_fp8.py"),
                             *train_args(conf, args, run_dir)], cwd=ROOT, env=env,
-                           capture_output=True, text=True, timeout=args.run_timeout)
+                           capture_output=True, text=True, timeout=timeout)
         code, err = r.returncode, r.stderr
     except subprocess.TimeoutExpired:
-        code, err = None, f"timed out after {args.run_timeout:g} s"
+        code, err = None, f"timed out after {timeout:.0f} s (--run-timeout / --budget-min)"
     wall = time.time() - t0
     if code == 0:
         result = summarise(conf, run_dir, args)
@@ -173,13 +176,14 @@ def main(argv=None) -> int:
     print(f"bench: {len(confs)} configurations, {args.warmup} warm-up + {args.steps} timed "
           f"steps each, seq_len {args.seq_len}; results in {args.out}/", flush=True)
     for i, conf in enumerate(confs, 1):
-        if (time.time() - t0) / 60 > args.budget_min:
+        left = args.budget_min * 60 - (time.time() - t0)
+        if left < 30:   # not enough for even a cached, compiled tiny run
             results.append(dict(conf, status="skipped", error=f"budget of {args.budget_min:g} "
                                 "min used up"))
             continue
         print(f"[{i}/{len(confs)}] {conf['preset']} {conf['precision']} "
               f"compile={'on' if conf['compile'] else 'off'} ...", flush=True)
-        r = run_one(conf, args)
+        r = run_one(conf, args, timeout=min(args.run_timeout, left))
         results.append(r)
         if r["status"] == "ok":
             print(f"    {r['tokens_per_sec']:,.0f} tok/s, {r['step_time_ms']:.1f} ms/step, micro "
