@@ -271,21 +271,11 @@ def train(cfg: Config) -> int:
 
 
 def _choose_checkpoint(cfg: Config, ckpt: CheckpointManager, state, notes: list) -> str | None:
-    """The verified checkpoint to resume from, chosen by rank 0 (which reads and checksums the
-    files once) and shared with every rank, errors included, so that no rank waits alone."""
-    path, error = None, None
-    if state.is_main_process:
-        try:
-            path = resolve_resume(cfg.resume, ckpt, warn=lambda m: notes.append(("warn", m)),
-                                  info=lambda m: notes.append(("info", m)))
-        except ConfigError as e:
-            error = str(e)
-    if state.num_processes > 1:
-        from accelerate.utils import broadcast_object_list
-        path, error = broadcast_object_list([path, error])
-    if error is not None:
-        raise ConfigError(error)
-    return path
+    """The verified checkpoint to resume from, chosen by rank 0, which reads and checksums the
+    files once."""
+    return _on_rank0(state, lambda: resolve_resume(
+        cfg.resume, ckpt, warn=lambda m: notes.append(("warn", m)),
+        info=lambda m: notes.append(("info", m))))
 
 
 def _plan_from_checkpoint(cfg: Config, checkpoint: str, world: int):
@@ -307,7 +297,7 @@ def _load_data(cfg: Config, accelerator, log):
     if directory is not None:
         return load_prepared(directory, cfg.dataset, cfg.data_dir, cfg.tokenizer, cfg.seq_len)
     tokenizer = build_tokenizer(cfg.tokenizer)
-    _fetch_on_rank0_first(accelerator, lambda: corpus_path(cfg.dataset, cfg.data_dir, log.info))
+    _on_rank0(accelerator, lambda: corpus_path(cfg.dataset, cfg.data_dir, log.info))
     return load_tokens(cfg.dataset, cfg.data_dir, tokenizer, cfg.seq_len, cfg.val_fraction)
 
 
@@ -365,21 +355,22 @@ def _ensure_writable_dir(path: str, source: str) -> None:
         raise ConfigError(f"{source}: key 'output_dir': '{path}' is not writable")
 
 
-def _fetch_on_rank0_first(accelerator, fetch) -> None:
-    """Run `fetch` (a download, say) on rank 0 while the other ranks wait, then share its
-    error, if any, so that every rank stops with the same message instead of waiting forever
-    at a barrier rank 0 never reaches."""
-    error = None
-    if accelerator.is_main_process:
+def _on_rank0(state, compute):
+    """`compute()` on rank 0 alone (a download, a checksum pass) while the other ranks wait;
+    every rank gets its result, or raises its ConfigError, so that all of them stop with the
+    same message instead of waiting forever at a barrier rank 0 never reaches."""
+    value, error = None, None
+    if state.is_main_process:
         try:
-            fetch()
+            value = compute()
         except ConfigError as e:
             error = str(e)
-    if accelerator.num_processes > 1:
+    if state.num_processes > 1:
         from accelerate.utils import broadcast_object_list
-        error = broadcast_object_list([error])[0]
+        value, error = broadcast_object_list([value, error])
     if error is not None:
         raise ConfigError(error)
+    return value
 
 
 class Loop:
