@@ -4,6 +4,7 @@ from __future__ import annotations
 import dataclasses
 import math
 import os
+import signal
 import sys
 import time
 from dataclasses import dataclass
@@ -29,6 +30,8 @@ from .samples import Sampler
 from .schedule import lr_at, scaled_lr
 from .signals import EXIT_STOPPED, StopRequests
 from .tracking import Tracker, environment, sweep_run_id
+
+STOP_SIGNAL_BASE = 100   # agreed stop value: 1 = max_hours, BASE + signum = a signal
 
 
 class RunFailed(Exception):
@@ -516,10 +519,14 @@ class Loop:
                 if not last and (logged or st.step % self.stop_check_every == 0):
                     over_time = cfg.max_hours is not None and \
                         time.time() - start_time > cfg.max_hours * 3600
-                    why = self._agreed_max(2 if self.stops.received else int(over_time))
-                    if why == 2:
-                        stop_reason = f"{self.stops.name} received" if self.stops.received \
-                            else "another rank received a stop signal"
+                    # The signal number itself is agreed (offset past the max_hours flag), so
+                    # every rank names the same signal, whichever rank it reached first.
+                    why = self._agreed_max(STOP_SIGNAL_BASE + self.stops.received
+                                           if self.stops.received else int(over_time))
+                    if why > STOP_SIGNAL_BASE:
+                        name = signal.Signals(why - STOP_SIGNAL_BASE).name
+                        stop_reason = f"{name} received" + \
+                            ("" if self.stops.received else " by another rank")
                         self.exit_code = EXIT_STOPPED
                         self.tracker.preempting()
                     elif why == 1:

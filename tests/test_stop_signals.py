@@ -101,7 +101,7 @@ def test_two_ranks_stop_together_when_one_is_signalled(tmp_path):
     stdout, stderr = proc.communicate(timeout=300)
     # torchrun reports any non-zero worker exit as its own failure (exit 1), naming the code.
     assert proc.returncode != 0 and "exitcode  : 3" in stderr, stderr[-3000:]
-    assert "stopped early: another rank received a stop signal" in stdout  # rank 0 prints
+    assert "stopped early: SIGUSR1 received by another rank" in stdout  # rank 0 prints
     step = latest(out)
     assert os.path.isfile(out / "checkpoints" / step / "random_states_0.pkl")
     assert os.path.isfile(out / "checkpoints" / step / "random_states_1.pkl")
