@@ -264,22 +264,35 @@ def resolve_resume(resume: str, manager: CheckpointManager, warn=None, info=None
     if resume == "auto":
         manager.remove_partial_writes()
         return _first_usable(manager, warn, info, own=True)
-    path = resume
+    return find_checkpoint(resume, "key 'resume'", warn, info,
+                           hint=" (--resume auto picks the newest good checkpoint of a run)")
+
+
+def find_checkpoint(path: str, what: str = "checkpoint", warn=None, info=None,
+                    hint: str = " (pass the run directory to use its newest good checkpoint)") -> str:
+    """`path` verified, when it is a checkpoint directory; the newest checkpoint that verifies,
+    when it is a run directory. ConfigError (naming `what`) otherwise."""
+    warn = warn or (lambda msg: None)
+    info = info or (lambda msg: None)
     if os.path.isdir(os.path.join(path, "checkpoints")):  # a run directory: its newest good one
         found = _first_usable(CheckpointManager(path, 0), warn, info, own=False)
         if found is None:
-            raise ConfigError(f"key 'resume': run directory '{resume}' holds no checkpoint")
+            raise ConfigError(f"{what}: run directory '{path}' holds no checkpoint")
         return found
-    # model.safetensors (DDP, one process) or pytorch_model_fsdp_0/ (FSDP's sharded state)
-    if not os.path.isdir(path) or not any(f.startswith(("model", "pytorch_model"))
-                                          for f in os.listdir(path)):
-        raise ConfigError(f"key 'resume': '{resume}' is not a checkpoint directory")
+    if not is_checkpoint_dir(path):
+        raise ConfigError(f"{what}: '{path}' is not a checkpoint directory (nor a run directory "
+                          f"with checkpoints/)")
     problem, note = verify(path)
     if problem:
-        raise ConfigError(f"key 'resume': checkpoint '{resume}' is unusable: {problem} "
-                          f"(--resume auto picks the newest good checkpoint of a run)")
+        raise ConfigError(f"{what}: checkpoint '{path}' is unusable: {problem}{hint}")
     info(f"checkpoint {path}: {note}")
     return path
+
+
+def is_checkpoint_dir(path: str) -> bool:
+    """model.safetensors (DDP, one process) or pytorch_model_fsdp_0/ (FSDP's sharded state)."""
+    return os.path.isdir(path) and any(f.startswith(("model", "pytorch_model"))
+                                       for f in os.listdir(path))
 
 
 def _first_usable(manager: CheckpointManager, warn, info, own: bool) -> str | None:

@@ -51,3 +51,20 @@ def _close_process_group() -> None:
     import torch.distributed as dist
     if dist.is_available() and dist.is_initialized():
         dist.destroy_process_group()
+
+
+class ToolFailed(Exception):
+    """A script ran but its result is wrong (an export whose logits do not match): exit 1."""
+
+
+def run_tool(body) -> int:
+    """Run a script's body (a function returning an exit code): bad input is one `error:` line
+    and exit 2, a failed result one line and exit 1, never a traceback for either."""
+    try:
+        return body()
+    except ConfigError as e:
+        print(f"error: {e}", file=sys.stderr)
+        return EXIT_BAD_INPUT
+    except ToolFailed as e:
+        print(f"error: {e}", file=sys.stderr)
+        return EXIT_ERROR

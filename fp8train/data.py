@@ -120,6 +120,20 @@ class TokenSplits:
     source: str = ""            # where the tokens came from, for the log
 
 
+def load_splits(cfg, log=print, fetch=lambda f: f()) -> "TokenSplits":
+    """The run's train and val tokens: prepared shards when `dataset` names them (checked,
+    memory-mapped), else a text corpus tokenized here. `fetch(f)` runs the corpus lookup (which
+    may download tinyshakespeare): the trainer runs it on rank 0 alone."""
+    if cfg.dataset == "synthetic":
+        return synthetic_splits()
+    directory = prepared_dir(cfg.dataset, cfg.data_dir)
+    if directory is not None:
+        return load_prepared(directory, cfg.dataset, cfg.data_dir, cfg.tokenizer, cfg.seq_len)
+    tokenizer = build_tokenizer(cfg.tokenizer)
+    fetch(lambda: corpus_path(cfg.dataset, cfg.data_dir, log))
+    return load_tokens(cfg.dataset, cfg.data_dir, tokenizer, cfg.seq_len, cfg.val_fraction)
+
+
 PREPARED = ("fineweb-edu", "openwebtext")  # known datasets that exist only as prepared shards
 
 

@@ -91,12 +91,20 @@ def model_config_from(preset: str, vocab_size: int, block_size: int, **overrides
 class RotaryEmbedding(nn.Module):
     def __init__(self, head_dim: int, max_len: int, theta: float):
         super().__init__()
-        inv_freq = 1.0 / theta ** (torch.arange(0, head_dim, 2, dtype=torch.float32) / head_dim)
-        angles = torch.outer(torch.arange(max_len, dtype=torch.float32), inv_freq)
-        angles = torch.cat([angles, angles], dim=-1)  # rotate-half layout
+        self.shape = (head_dim, max_len, theta)
         # Not persistent: recomputed at init, so checkpoints don't depend on it.
-        self.register_buffer("cos", angles.cos(), persistent=False)
-        self.register_buffer("sin", angles.sin(), persistent=False)
+        self.register_buffer("cos", None, persistent=False)
+        self.register_buffer("sin", None, persistent=False)
+        self.rebuild()
+
+    def rebuild(self, device=None) -> None:
+        """Compute the tables (again): a model built on the meta device needs real ones."""
+        head_dim, max_len, theta = self.shape
+        inv_freq = 1.0 / theta ** (torch.arange(0, head_dim, 2, dtype=torch.float32,
+                                                device=device) / head_dim)
+        angles = torch.outer(torch.arange(max_len, dtype=torch.float32, device=device), inv_freq)
+        angles = torch.cat([angles, angles], dim=-1)  # rotate-half layout
+        self.cos, self.sin = angles.cos(), angles.sin()
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:  # x: (B, H, T, hd)
         T = x.size(-2)
@@ -240,15 +248,22 @@ class GPT(nn.Module):
 def generate(model: nn.Module, idx: torch.Tensor, max_new_tokens: int, vocab_size: int,
              block_size: int, generator: torch.Generator, temperature: float = 0.8,
              top_k: int = 50) -> torch.Tensor:
-    """Sample continuations of `idx` (B, T) with top-k sampling. `generator` keeps sampling off
-    the global RNG, so that samples at eval time do not change the training run. No KV cache:
-    the few short samples taken at eval time do not need one."""
+    """Sample continuations of `idx` (B, T): top-k sampling at `temperature` (top_k 0: the whole
+    vocabulary; temperature 0: greedy). Only real vocabulary ids are drawn, never the padding.
+    `generator` keeps sampling off the global RNG, so that samples at eval time do not change
+    the training run. No KV cache: the context is recomputed for every token, which costs little
+    next to training at the lengths samples have."""
     for _ in range(max_new_tokens):
         logits = model(idx[:, -block_size:], last_only=True)[:, -1, :vocab_size].float()
-        logits = logits / temperature
-        kth = torch.topk(logits, min(top_k, vocab_size)).values[:, -1:]
-        probs = torch.softmax(logits.masked_fill(logits < kth, float("-inf")), dim=-1)
-        idx = torch.cat([idx, torch.multinomial(probs, 1, generator=generator)], dim=1)
+        if temperature == 0:
+            nxt = logits.argmax(dim=-1, keepdim=True)
+        else:
+            logits = logits / temperature
+            if top_k:
+                kth = torch.topk(logits, min(top_k, vocab_size)).values[:, -1:]
+                logits = logits.masked_fill(logits < kth, float("-inf"))
+            nxt = torch.multinomial(torch.softmax(logits, dim=-1), 1, generator=generator)
+        idx = torch.cat([idx, nxt], dim=1)
     return idx
 
 

@@ -46,3 +46,32 @@ class Sampler:
         for r in rows:
             self.writer.write(r)
         return rows
+
+
+def sample_text(path: str, prompt: str, num_samples: int = 1, max_new_tokens: int = 200,
+                temperature: float = 0.8, top_k: int = 50, seed: int = 1337,
+                device: str = "auto", log=print, warn=print) -> list[str]:
+    """Continuations of `prompt` by the model of `path` (a checkpoint or a run directory),
+    decoded with the run's tokenizer. On a GPU in the run's base precision (bf16), else fp32;
+    FP8-trained models sample from their high-precision weights, as at eval time."""
+    from . import trained
+    dev = trained.pick_device(device)
+    t = trained.load(path, dev, warn=warn, info=log)
+    tok = build_tokenizer(t.cfg.tokenizer)
+    ids = [int(i) for i in tok.encode(prompt)] if prompt else []
+    if not ids:   # nothing to continue: start from the end-of-text token, else a newline
+        eos = getattr(getattr(tok, "tok", None), "eos_token_id", None)
+        ids = [eos] if eos is not None else [int(i) for i in tok.encode("\n")]
+    if max(ids) >= t.mcfg.vocab_size:
+        raise ConfigError(f"the prompt has token ids up to {max(ids)}; the model knows "
+                          f"{t.mcfg.vocab_size:,}")
+    if len(ids) > t.mcfg.block_size:
+        warn(f"the prompt is {len(ids):,} tokens; the model sees its last {t.mcfg.block_size:,}")
+    log(f"sampling {t.describe()}: {num_samples} × {max_new_tokens} tokens, temperature "
+        f"{temperature:g}, top_k {top_k or 'off'}, on {dev.type}")
+    gen = torch.Generator(device=dev).manual_seed(seed)
+    start = torch.tensor([ids] * num_samples, device=dev)
+    with trained.autocast(t.cfg, dev, warn):
+        out = generate(t.model, start, max_new_tokens, t.mcfg.vocab_size, t.mcfg.block_size,
+                       gen, temperature, top_k)
+    return [tok.decode(row[len(ids):].tolist()) for row in out.cpu()]

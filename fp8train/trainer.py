@@ -17,10 +17,10 @@ from .batching import BatchPlan, manual_plan
 from .checkpoint import (CheckpointManager, CheckpointWriteError, TrainState, changed_on_resume,
                          config_hash, read_manifest, resolve_resume, saved_derived)
 from .config import Config, ConfigError
+from .evaluation import token_loss_sums
 from .faults import Faults
 from .health import Health
-from .data import (BatchStream, RandomWindows, build_tokenizer, corpus_path, load_prepared, load_tokens,
-                   prepared_dir, synthetic_splits, val_batches)
+from .data import BatchStream, RandomWindows, load_splits, val_batches
 from .loss import lm_loss
 from .metrics import MetricsWriter, peak_flops, peak_note, throughput
 from .model import GPT, model_config_from
@@ -128,7 +128,7 @@ def train(cfg: Config) -> int:
 
     # --- data -----------------------------------------------------------------------------------
     set_seed(cfg.seed)  # the same init on every rank
-    splits = _load_data(cfg, accelerator, log)
+    splits = load_splits(cfg, log.info, lambda fetch: _on_rank0(accelerator, fetch))
     log.info(f"data: {splits.source} ({cfg.tokenizer} tokenizer, vocab {splits.vocab_size:,}): "
              f"{len(splits.train):,} train / {len(splits.val):,} val tokens")
     try:
@@ -289,19 +289,6 @@ def _plan_from_checkpoint(cfg: Config, checkpoint: str, world: int):
         return None, ""
     plan = autobatch.plan_from_fit(cfg, world, int(saved["micro_batch_size"]))
     return plan, f"micro-batch {plan.micro} as in the checkpoint"
-
-
-def _load_data(cfg: Config, accelerator, log):
-    """Prepared shards when `dataset` names them (checked, memory-mapped), else a text corpus
-    tokenized here (tinyshakespeare is downloaded first, by rank 0)."""
-    if cfg.dataset == "synthetic":
-        return synthetic_splits()
-    directory = prepared_dir(cfg.dataset, cfg.data_dir)
-    if directory is not None:
-        return load_prepared(directory, cfg.dataset, cfg.data_dir, cfg.tokenizer, cfg.seq_len)
-    tokenizer = build_tokenizer(cfg.tokenizer)
-    _on_rank0(accelerator, lambda: corpus_path(cfg.dataset, cfg.data_dir, log.info))
-    return load_tokens(cfg.dataset, cfg.data_dir, tokenizer, cfg.seq_len, cfg.val_fraction)
 
 
 def new_model(mcfg, cfg: Config) -> GPT:
@@ -659,19 +646,9 @@ class Loop:
     @torch.no_grad()
     def _evaluate(self) -> None:
         self.model.eval()
-        total = torch.zeros(2, device=self.device)  # (sum of token losses, tokens)
-        world, rank = self.acc.num_processes, self.acc.process_index
-        # Round-robin over ranks, the same number of forwards on every rank (FSDP's forward is
-        # a collective): a rank short of a batch repeats one with weight 0.
-        for i in range(0, len(self.eval_set), world):
-            mine = i + rank < len(self.eval_set)
-            x, y = self.eval_set[i + rank if mine else 0]
-            with self.prec.forward_context(training=False):
-                logits = self.model(x.to(self.device))
-            _, ce, _ = lm_loss(logits, y.to(self.device))
-            if mine:
-                total += torch.stack([ce * y.numel(), torch.tensor(float(y.numel()),
-                                                                    device=self.device)])
+        total = token_loss_sums(self.model, self.eval_set, self.device,
+                                lambda: self.prec.forward_context(training=False),
+                                self.acc.process_index, self.acc.num_processes)
         total = self.acc.reduce(total, "sum")
         val_loss = (total[0] / total[1]).item()
         self.model.train()
