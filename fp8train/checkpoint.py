@@ -41,7 +41,7 @@ HARMLESS_ON_RESUME = {"output_dir", "resume", "data_dir", "max_steps", "num_epoc
                       "target_effective_batch_size",
                       "fp8_log_layers", "fp8_eval", "fp8_fallback", "eval_samples", "sample_tokens",
                       "allow_config_change", "checkpoint_required", "max_bad_steps",
-                      "fp8_recovery", "loss_spike_factor"}
+                      "fp8_recovery", "loss_spike_factor", "target_val_loss", "stop_at_target"}
 
 
 class CheckpointWriteError(Exception):
@@ -66,6 +66,17 @@ class TrainState:
         self.rollbacks = 0           # restores of the last checkpoint after max_bad_steps
         self.fp8_margin_added = 0    # remedies of those rollbacks, re-applied on resume
         self.fp8_off = False
+        # for the end-of-run report (summary.json), carried across resumes
+        self.wall_seconds = 0.0      # wall time of every invocation, up to its last checkpoint
+        self.steady_tokens = 0       # tokens and training seconds of the steady state (each
+        self.steady_seconds = 0.0    # invocation's first log interval, with compile, left out)
+        self.best_val_loss = None
+        self.best_val_step = None
+        self.target = None           # target_val_loss when it was reached, and where
+        self.target_step = None
+        self.time_to_target_s = None
+        self.tokens_to_target = None
+        self.checkpoints_written = 0
 
     def state_dict(self) -> dict:
         return dict(vars(self))
@@ -78,6 +89,11 @@ class TrainState:
         self.rollbacks = int(d.get("rollbacks", 0))
         self.fp8_margin_added = int(d.get("fp8_margin_added", 0))
         self.fp8_off = bool(d.get("fp8_off", False))
+        for key in ("wall_seconds", "steady_tokens", "steady_seconds", "best_val_loss",
+                    "best_val_step", "target", "target_step", "time_to_target_s",
+                    "tokens_to_target", "checkpoints_written"):
+            if key in d:
+                setattr(self, key, d[key])
 
 
 def config_hash(values: dict) -> str:

@@ -138,6 +138,11 @@ class Config:
     max_hours: Optional[float] = _key(
         None, "stop (with a checkpoint) after this much wall-clock time in this invocation",
         "duration", gt=0.0)
+    target_val_loss: Optional[float] = _key(
+        None, "the val/loss to reach: when an evaluation reaches it, val/time_to_target_s and "
+        "val/tokens_to_target are logged and a checkpoint saved", "duration", gt=0.0)
+    stop_at_target: bool = _key(True, "stop (exit 0) once target_val_loss is reached; false "
+                                "trains on to the end", "duration")
     # --- loss ------------------------------------------------------------------------------
     penalty_type: str = _key(
         "none", "none | z_loss (mean logsumexp(logits)^2, PaLM) | logit_l2 (mean logits^2)",
@@ -182,7 +187,9 @@ class Config:
     # --- logging ---------------------------------------------------------------------------
     log_interval: int = _key(10, "optimizer steps between log lines / metrics.jsonl rows",
                              "logging", min=1)
-    eval_interval: int = _key(500, "optimizer steps between evaluations", "logging", min=1)
+    eval_interval: Optional[int] = _key(
+        None, "optimizer steps between evaluations; default 1000, or 500 when target_val_loss is "
+        "set (a target is noticed sooner)", "logging", min=1)
     eval_sequences: int = _key(256, "validation sequences per evaluation (a fixed set)",
                                "logging", min=1)
     checkpoint_interval: int = _key(1000, "optimizer steps between checkpoints (also at the end)",
@@ -221,6 +228,10 @@ class Config:
     # Where the values came from, for error messages; not a key.
     source: str = field(default="<defaults>", repr=False, compare=False,
                         metadata=dict(internal=True))
+
+    def __post_init__(self):
+        if self.eval_interval is None:   # a target is noticed sooner with more evaluations
+            self.eval_interval = 500 if self.target_val_loss is not None else 1000
 
 
 # Keys a later part of the pipeline writes into config.yaml; accepted (and ignored) on load so

@@ -156,6 +156,14 @@ class Tracker:
             self.active = False
             self.warn(f"W&B logging failed ({_one_line(e)}); continuing with metrics.jsonl only")
 
+    def summary(self, values: dict) -> None:
+        """The end-of-run report as the W&B run's summary (what the runs table shows)."""
+        if self.active:
+            self._guard(lambda: self.run.summary.update(
+                {f"summary/{k}": v for k, v in values.items() if not isinstance(v, dict)}
+                | {f"summary/{k}/{kk}": vv for k, v in values.items() if isinstance(v, dict)
+                   for kk, vv in v.items()}))
+
     def preempting(self) -> None:
         """Tell W&B the run is stopping to be resumed (sweeps treat it as preempted, not
         failed)."""

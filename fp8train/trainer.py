@@ -262,6 +262,7 @@ def train(cfg: Config) -> int:
     loop = Loop(cfg, accelerator, prec, model, optimizer, sampler, eval_set, sched, plan,
                 train_state, ckpt, metrics, log, flops_per_token, config_text, max_lr, tracker,
                 samples, run_hash, faults, samples_file)
+    loop.n_params = n_params
     try:
         code = loop.run()
     except BaseException:
@@ -403,6 +404,9 @@ class Loop:
         self.recovering_since = None  # the step of the last rollback until a checkpoint passes it
         self.last_remedy = ""
         self.batches = None
+        self.final_val = None      # (step, val/loss) of the latest evaluation
+        self.status = "running"
+        self.n_params = 0          # set by train(): counted before any sharding
 
     def run(self) -> int:
         """Train to the end or to a stop; returns the exit code (3: stopped by a signal)."""
@@ -421,11 +425,20 @@ class Loop:
     def _run(self) -> None:
         cfg, st = self.cfg, self.st
         start_time = time.time()
+        self.started, self.wall_base = start_time, st.wall_seconds
+        self.first_interval = True   # compile and warm-up: left out of the steady state
+        if cfg.target_val_loss is not None and cfg.stop_at_target and \
+                st.target == cfg.target_val_loss and st.target_step is not None:
+            self.log.info(f"nothing to do: target val/loss {cfg.target_val_loss:g} was reached "
+                          f"at step {st.target_step:,} (stop_at_target: false trains on)")
+            self.status = "target reached"
+            self._report()
+            return
         interval_steps = 0
         data_wait = 0.0   # host seconds spent waiting for the next micro-batch
         clock = _TrainClock(self.device)  # training time only: eval and checkpoints excluded
         self.model.train()
-        stop_reason = None
+        stop_reason, at_target = None, False
         self.batches = self._stream()
         try:
             while st.step < self.sched.total_steps:
@@ -477,6 +490,10 @@ class Loop:
                     loss_val, penalty_val, bad, loss_max = vals
                     elapsed = clock.take()
                     st.train_seconds += elapsed
+                    if not self.first_interval:
+                        st.steady_tokens += self.tokens_per_step * interval_steps
+                        st.steady_seconds += elapsed
+                    self.first_interval = False
                     st.skipped_steps += int(bad)
                     extra = self.prec.stats()             # rank 0's scales, read in one go
                     self.prec.watch(False)
@@ -522,19 +539,28 @@ class Loop:
                 do_eval = st.step % cfg.eval_interval == 0 or last or \
                     (stop_reason and self.exit_code != EXIT_STOPPED)
                 do_ckpt = st.step % cfg.checkpoint_interval == 0 or last or stop_reason
+                at_target = False
                 if do_eval or do_ckpt:
                     clock.pause()
-                    if do_eval:
-                        self._evaluate()
+                    # A target reached is saved, and with stop_at_target ends the run here.
+                    if do_eval and self._evaluate(st.train_seconds + clock.banked):
+                        do_ckpt = True
+                        at_target = cfg.stop_at_target and not last and not stop_reason
                     if do_ckpt:
-                        self._checkpoint(final=bool(last or stop_reason))
+                        final = bool(last or stop_reason or at_target)
+                        if final:   # the steps since the last log line count too
+                            st.train_seconds += clock.collect()
+                        self._checkpoint(final=final)
                     clock.resume()
-                if stop_reason:
+                if stop_reason or at_target:
                     break
         finally:
             self.batches.close()
         self.progress.close()
-        done = f"stopped early: {stop_reason}; resume with --resume" if stop_reason else "done"
+        done = f"stopped early: {stop_reason}; resume with --resume" if stop_reason else \
+            "stopped at the target (stop_at_target)" if at_target else "done"
+        self.status = "target reached" if at_target else \
+            f"stopped: {stop_reason}" if stop_reason else "completed"
         if self.exit_code == EXIT_STOPPED:
             done += f" (exit {EXIT_STOPPED})"
         skipped = f", {st.skipped_steps:,} non-finite steps skipped" if st.skipped_steps else ""
@@ -542,6 +568,27 @@ class Loop:
         self.log.info(f"{done} at step {st.step:,} ({st.tokens:,} tokens, "
                       f"{st.train_seconds / 60:.1f} min of training{skipped}{rolled}); "
                       f"checkpoint {self.ckpt.latest()}")
+        self._report()
+
+    def _report(self) -> None:
+        """The end-of-run report: log lines, summary.json, the W&B summary."""
+        from . import summary
+        st = self.st
+        st.wall_seconds = self.wall_base + time.time() - self.started
+        peak_mem = torch.cuda.max_memory_allocated(self.device) / 1e9 \
+            if self.device.type == "cuda" else None
+        report = summary.build(self.cfg, st, self.status, self.exit_code, self.plan,
+                               self.prec.derived(), self.flops_per_token, self.peak, peak_mem,
+                               self.final_val, self.ckpt.latest(), self.sched.total_steps,
+                               self.n_params)
+        for line in summary.describe(report):
+            self.log.info(line)
+        if self.acc.is_main_process:
+            try:
+                summary.write(self.cfg.output_dir, report)
+            except OSError as e:
+                self.log.warn(f"summary.json could not be written ({e})")
+        self.tracker.summary(report)
 
     def _checkpoint(self, final: bool) -> None:
         """Save at an interval, at a stop or at the end. A periodic checkpoint is not taken in
@@ -553,10 +600,13 @@ class Loop:
             self.log.warn(f"no checkpoint at step {st.step:,}: the latest steps had non-finite "
                           "gradients; the next interval will try again")
             return
+        st.checkpoints_written += 1      # counted inside the checkpoint it describes
+        st.wall_seconds = self.wall_base + time.time() - self.started
         try:
             path = self.ckpt.save(self.acc, st.step, self.config_text,
                                   dict(tokens=st.tokens, config_hash=self.run_hash))
         except CheckpointWriteError as e:
+            st.checkpoints_written -= 1
             prev = self.ckpt.latest()
             intact = f"the previous checkpoint '{prev}' is intact" if prev else \
                 "there is no earlier checkpoint"
@@ -644,7 +694,9 @@ class Loop:
         self.progress.update(st.step, row)
 
     @torch.no_grad()
-    def _evaluate(self) -> None:
+    def _evaluate(self, train_seconds: float) -> bool:
+        """Evaluate and log; True when this evaluation reached target_val_loss for the first
+        time (`train_seconds`: the training time so far, for val/time_to_target_s)."""
         self.model.eval()
         total = token_loss_sums(self.model, self.eval_set, self.device,
                                 lambda: self.prec.forward_context(training=False),
@@ -658,6 +710,11 @@ class Loop:
         self.tracker.log(row)
         self.progress.message(f"eval step {self.st.step:,}: val/loss {val_loss:.4f}, "
                               f"val/ppl {row['val/ppl']:.2f}")
+        st = self.st
+        self.final_val = (st.step, val_loss)
+        if st.best_val_loss is None or val_loss < st.best_val_loss:
+            st.best_val_loss, st.best_val_step = val_loss, st.step
+        reached = self._reached_target(val_loss, train_seconds)
         if self.samples is not None:
             try:  # on rank 0 alone: an error must not leave the other ranks at a barrier
                 texts = self.samples.take(self.model, self.eval_set, self.st.step)
@@ -668,6 +725,26 @@ class Loop:
             self.tracker.log_samples(self.st.step, texts)
             for s in texts[:1]:
                 self.progress.message(f"sample: {(s['prompt'] + s['sample'])[:200]!r}")
+        return reached
+
+    def _reached_target(self, val_loss: float, train_seconds: float) -> bool:
+        """Record (and log as val/time_to_target_s, val/tokens_to_target) the first evaluation
+        at or below target_val_loss. Training time, not wall time: evaluations and checkpoints
+        are left out, so runs evaluating at different intervals compare fairly."""
+        cfg, st = self.cfg, self.st
+        if cfg.target_val_loss is None or not val_loss <= cfg.target_val_loss or \
+                (st.target == cfg.target_val_loss and st.target_step is not None):
+            return False
+        st.target, st.target_step = cfg.target_val_loss, st.step
+        st.time_to_target_s, st.tokens_to_target = train_seconds, st.tokens
+        row = {"step": st.step, "tokens": st.tokens, "val/time_to_target_s": train_seconds,
+               "val/tokens_to_target": st.tokens}
+        self.metrics.write(row)
+        self.tracker.log(row)
+        self.progress.message(f"target val/loss {cfg.target_val_loss:g} reached at step "
+                              f"{st.step:,}: val/loss {val_loss:.4f} after {_hms(train_seconds)} "
+                              f"of training ({st.tokens:,} tokens)")
+        return True
 
 
 class _Progress:
@@ -725,6 +802,11 @@ class _TrainClock:
 
     def resume(self) -> None:
         self.t0 = time.perf_counter()
+
+    def collect(self) -> float:
+        """While paused: the training seconds not yet taken, handed over (the run is ending)."""
+        banked, self.banked = self.banked, 0.0
+        return banked
 
     def take(self) -> float:
         """Training seconds since the last take(); call after a host sync."""

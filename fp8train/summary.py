@@ -1,0 +1,88 @@
+"""The end-of-run report: printed, written to <output_dir>/summary.json and set as the W&B
+run's summary. Everything in it is measured by the run itself; a value that does not apply
+(no GPU: no MFU or memory; no target) is null rather than made up."""
+from __future__ import annotations
+
+import json
+import os
+
+from .metrics import mfu
+
+SUMMARY_NAME = "summary.json"
+
+
+def build(cfg, st, status: str, exit_code: int, plan, precision: dict, flops_per_token: float,
+          peak: float | None, peak_memory_gb: float | None, final_val: tuple | None,
+          latest_checkpoint: str | None, total_steps: int, n_params: int) -> dict:
+    """`st` is the TrainState; `final_val` (step, val/loss) of the last evaluation."""
+    steady = st.steady_seconds > 0
+    tok_s = st.steady_tokens / st.steady_seconds if steady else None
+    target = cfg.target_val_loss
+    met = target is not None and st.target_step is not None and st.target == target
+    best = st.best_val_loss
+    return {
+        "status": status, "exit_code": exit_code,
+        "steps": st.step, "total_steps": total_steps, "tokens": st.tokens,
+        "final_val_loss": final_val[1] if final_val else None,
+        "final_val_step": final_val[0] if final_val else None,
+        "best_val_loss": best, "best_val_step": st.best_val_step,
+        "target_val_loss": target,
+        "target_met": met if target is not None else None,
+        "time_to_target_s": st.time_to_target_s if met else None,
+        "tokens_to_target": st.tokens_to_target if met else None,
+        "step_at_target": st.target_step if met else None,
+        "target_gap": (best - target) if target is not None and not met and best is not None
+        else None,
+        "wall_time_s": st.wall_seconds,
+        "train_time_s": st.train_seconds,
+        "tokens_per_sec": tok_s,
+        "mfu": mfu(flops_per_token, tok_s / plan.world, peak) if tok_s else None,
+        "steady_state_tokens": st.steady_tokens,
+        "peak_memory_gb": peak_memory_gb,
+        "batch": {"micro_batch_size": plan.micro, "gradient_accumulation_steps": plan.accum,
+                  "world_size": plan.world, "effective_batch_size": plan.effective,
+                  "tokens_per_step": plan.effective * cfg.seq_len},
+        "precision": precision.get("precision"), "fp8": precision.get("fp8"),
+        "fp8_layers_converted": precision.get("fp8_layers", 0),
+        "model": cfg.model, "n_params": n_params,
+        "skipped_steps": st.skipped_steps, "rollbacks": st.rollbacks,
+        "checkpoints_written": st.checkpoints_written, "latest_checkpoint": latest_checkpoint,
+    }
+
+
+def write(output_dir: str, summary: dict) -> str:
+    """summary.json, replaced atomically (a crash never leaves half a file)."""
+    path = os.path.join(output_dir, SUMMARY_NAME)
+    tmp = f"{path}.tmp"
+    with open(tmp, "w", encoding="utf-8") as fh:
+        json.dump(summary, fh, indent=1)
+        fh.write("\n")
+    os.replace(tmp, path)
+    return path
+
+
+def describe(s: dict) -> list[str]:
+    """The report as log lines."""
+    def num(v, fmt):
+        return "n/a" if v is None else format(v, fmt)
+    lines = [f"summary: {s['status']} at step {s['steps']:,}/{s['total_steps']:,}, "
+             f"{s['tokens']:,} tokens, {num(s['wall_time_s'] / 60, '.1f')} min wall "
+             f"({num(s['train_time_s'] / 60, '.1f')} min training)",
+             f"summary: val/loss final {num(s['final_val_loss'], '.4f')}, best "
+             f"{num(s['best_val_loss'], '.4f')}"
+             + (f" (step {s['best_val_step']:,})" if s["best_val_step"] is not None else ""),
+             f"summary: {num(s['tokens_per_sec'], ',.0f')} tokens/s in the steady state, MFU "
+             f"{'n/a' if s['mfu'] is None else format(100 * s['mfu'], '.1f') + '%'}, peak "
+             f"memory {'n/a' if s['peak_memory_gb'] is None else format(s['peak_memory_gb'], '.1f') + ' GB'}; "
+             f"{s['precision']}"
+             + (f" with FP8 ({s['fp8']}, {s['fp8_layers_converted']} layers)"
+                if s["fp8_layers_converted"] else "")]
+    if s["target_val_loss"] is not None:
+        t = s["target_val_loss"]
+        lines.append(
+            f"summary: target val/loss {t:g} MET at step {s['step_at_target']:,} after "
+            f"{s['time_to_target_s']:.1f} s of training ({s['tokens_to_target']:,} tokens)"
+            if s["target_met"] else
+            f"summary: target val/loss {t:g} NOT met: best {num(s['best_val_loss'], '.4f')}, "
+            f"gap {num(s['target_gap'], '.4f')}")
+    return lines
