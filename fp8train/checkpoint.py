@@ -6,7 +6,9 @@ Writing is atomic: every file goes into .tmp-step_NNNNNNN/, is fsynced, the mani
 tokens, config hash, each file's size and SHA-256) is written last, and only then is the
 directory renamed and `latest` replaced. A crash at any point leaves either the complete new
 checkpoint or none. Loading verifies the manifest; a corrupt or partial checkpoint is reported,
-moved aside and the previous one used.
+moved aside and the previous one used. Loading also reads every pickle in the checkpoint
+without running it (`unsafe_content`): one that needs more than tensors and plain data makes
+the checkpoint unusable too, so that a checkpoint from elsewhere cannot run code.
 """
 from __future__ import annotations
 
@@ -19,6 +21,7 @@ import time
 from concurrent.futures import ThreadPoolExecutor
 
 from .config import ConfigError
+from .safe_load import describe_error as _describe, unsafe_content
 
 _STEP_DIR = re.compile(r"^step_(\d{7,})$")
 LATEST = "latest"
@@ -226,11 +229,16 @@ class CheckpointManager:
 
 
 def verify(path: str) -> tuple[str | None, str]:
-    """(problem, note): problem is None when the checkpoint is complete and every file matches
-    its manifest; note says what was checked."""
+    """(problem, note): problem is None when the checkpoint is complete, every file matches
+    its manifest and no pickle in it names a global beyond the allowlist (`unsafe_content`: a
+    checksum does not tell a crafted checkpoint, whose author writes the manifest too); note
+    says what was checked."""
     manifest_path = os.path.join(path, MANIFEST)
     if not os.path.isfile(manifest_path):
         if any(f.startswith(("model", "pytorch_model")) for f in os.listdir(path)):
+            unsafe = unsafe_content(path)
+            if unsafe:
+                return unsafe, ""
             return None, "no manifest (written by an older fp8train): not verified"
         return "no manifest and no model files", ""
     try:
@@ -252,6 +260,9 @@ def verify(path: str) -> tuple[str | None, str]:
     for rel, want in files.items():
         if actual[rel]["sha256"] != want["sha256"]:
             return f"file '{rel}' does not match its checksum", ""
+    unsafe = unsafe_content(path)   # after the checksums: a torn write reads as corrupt
+    if unsafe:
+        return unsafe, ""
     return None, (f"verified {len(files)} files, {total / 2**20:,.1f} MiB, in "
                   f"{time.time() - t0:.1f} s")
 
@@ -354,13 +365,6 @@ def _free_space(path: str) -> str:
         return f"{shutil.disk_usage(path).free / 2**30:,.1f} GiB free there"
     except OSError:
         return "free space unknown"
-
-
-def _describe(e: BaseException) -> str:
-    if isinstance(e, OSError) and e.strerror:
-        return f"{e.strerror}" + (f": '{e.filename}'" if e.filename else "")
-    text = " ".join(str(e).split())[:300]
-    return f"{type(e).__name__}: {text}" if text else type(e).__name__
 
 
 def _checksums(root: str, only: list[str] | None = None) -> dict:

@@ -9,6 +9,7 @@ import os
 import sys
 
 from .config import ConfigError, HelpRequested, help_text, load_config
+from .redaction import redact
 
 EXIT_OK, EXIT_ERROR, EXIT_BAD_INPUT, EXIT_STOPPED = 0, 1, 2, 3
 
@@ -26,7 +27,7 @@ def main(argv: list[str] | None = None) -> int:
         return EXIT_OK
     except ConfigError as e:
         if _is_rank0():
-            print(f"error: {e}", file=sys.stderr)
+            print(f"error: {redact(str(e))}", file=sys.stderr)
         return EXIT_BAD_INPUT
     # Must be set before torch initialises CUDA: fewer fragmentation OOMs on long runs.
     os.environ.setdefault("PYTORCH_CUDA_ALLOC_CONF", "expandable_segments:True")
@@ -35,11 +36,11 @@ def main(argv: list[str] | None = None) -> int:
         return train(cfg)
     except ConfigError as e:
         if _is_rank0():
-            print(f"error: {e}", file=sys.stderr)
+            print(f"error: {redact(str(e))}", file=sys.stderr)
         return EXIT_BAD_INPUT
     except RunFailed as e:
         if _is_rank0():
-            print(f"error: {e}", file=sys.stderr)
+            print(f"error: {redact(str(e))}", file=sys.stderr)
         return EXIT_ERROR
     finally:
         _close_process_group()
@@ -63,8 +64,8 @@ def run_tool(body) -> int:
     try:
         return body()
     except ConfigError as e:
-        print(f"error: {e}", file=sys.stderr)
+        print(f"error: {redact(str(e))}", file=sys.stderr)
         return EXIT_BAD_INPUT
     except ToolFailed as e:
-        print(f"error: {e}", file=sys.stderr)
+        print(f"error: {redact(str(e))}", file=sys.stderr)
         return EXIT_ERROR

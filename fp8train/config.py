@@ -16,6 +16,8 @@ from typing import Any, Optional
 
 import yaml
 
+from .redaction import redact
+
 
 class ConfigError(Exception):
     """Bad config or bad input. Reported as one line on stderr; the process exits with 2."""
@@ -542,20 +544,22 @@ def to_dict(cfg: Config) -> dict:
 
 
 def dump_yaml(cfg: Config, derived: Optional[dict] = None) -> str:
-    """The resolved config as YAML, grouped as in --help, with derived values at the end."""
-    lines = [f"# resolved config (from {cfg.source}); feed it back with --config"]
+    """The resolved config as YAML, grouped as in --help, with derived values at the end.
+    Secret values from the environment (fp8train/secrets.py) are "***" in it: they are
+    replaced before YAML quotes or folds them, and once more in the text."""
+    lines = [f"# resolved config (from {redact(cfg.source)}); feed it back with --config"]
     by_group = {g: [f for f in key_fields() if f.metadata["group"] == g] for g in GROUPS}
     for group, fs in by_group.items():
         lines.append(f"# {group}")
         for f in fs:
-            lines.append(yaml.safe_dump({f.name: getattr(cfg, f.name)},
+            lines.append(yaml.safe_dump({f.name: redact(getattr(cfg, f.name))},
                                         default_flow_style=True, width=1000).strip()
                          .removeprefix("{").removesuffix("}"))
     text = "\n".join(lines) + "\n"
     if derived:
         text += "# written by the trainer; ignored when this file is loaded\n"
-        text += yaml.safe_dump({DERIVED_SECTION: derived}, sort_keys=False)
-    return text
+        text += yaml.safe_dump({DERIVED_SECTION: redact(derived)}, sort_keys=False)
+    return redact(text)
 
 
 def help_text() -> str:

@@ -7,6 +7,7 @@ import json
 import os
 
 from .metrics import mfu
+from .redaction import redact
 
 SUMMARY_NAME = "summary.json"
 
@@ -51,11 +52,12 @@ def build(cfg, st, status: str, exit_code: int, plan, precision: dict, flops_per
 
 
 def write(output_dir: str, summary: dict) -> str:
-    """summary.json, replaced atomically (a crash never leaves half a file)."""
+    """summary.json, replaced atomically (a crash never leaves half a file), with secret values
+    from the environment redacted (fp8train/secrets.py)."""
     path = os.path.join(output_dir, SUMMARY_NAME)
     tmp = f"{path}.tmp"
     with open(tmp, "w", encoding="utf-8") as fh:
-        json.dump(summary, fh, indent=1)
+        json.dump(redact(summary), fh, indent=1)
         fh.write("\n")
     os.replace(tmp, path)
     return path

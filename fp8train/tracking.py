@@ -1,6 +1,11 @@
 """Weights & Biases through Accelerate's tracker, on the main process only, and never at the
 cost of the run: any W&B failure becomes one warning, then offline logging (syncable later with
-`wandb sync`), then none. metrics.jsonl is written either way."""
+`wandb sync`), then none. metrics.jsonl is written either way.
+
+Secret values from the environment (fp8train/secrets.py) are redacted from everything handed to
+W&B: the run's config, name, tags and summary, the text samples, and the command line W&B
+records in the run's metadata. W&B itself reads WANDB_API_KEY to authenticate and records no
+environment variables."""
 from __future__ import annotations
 
 import importlib.metadata
@@ -9,9 +14,12 @@ import os
 import secrets
 import string
 import subprocess
+import sys
 from typing import Callable, Optional
 
 import torch
+
+from .redaction import redact, secret_values
 
 RUN_ID_FILE = "wandb_run_id"
 
@@ -24,7 +32,8 @@ def sweep_run_id() -> Optional[str]:
 
 
 def environment(num_processes: int) -> dict:
-    """What produced the numbers: code revision, library versions, hardware."""
+    """What produced the numbers: code revision, library versions, hardware. No environment
+    variables: nothing here can hold a secret."""
     env = {"git_commit": _git_commit()}
     for dist in ("torch", "accelerate", "transformer-engine", "torchao", "transformers",
                  "datasets", "wandb", "numpy"):
@@ -69,6 +78,7 @@ class Tracker:
         self.acc, self.warn, self.info = accelerator, warn, info
         self.active = False
         self.run = None
+        self._secrets = secret_values()   # read once
 
     @staticmethod
     def log_with(cfg) -> Optional[str]:
@@ -83,10 +93,19 @@ class Tracker:
             return
         if not self.acc.is_main_process:
             return
-        init = dict(tags=list(cfg.wandb_tags) or None, dir=cfg.output_dir, resume="allow")
+        # The free-text fields a secret could be typed into by mistake are redacted; entity,
+        # project and dir say where the run goes and are left as they are.
+        init = dict(tags=self._redact(list(cfg.wandb_tags)) or None, dir=cfg.output_dir,
+                    resume="allow")
         if not sweep_run_id():  # a sweep's agent names the run and fixes its id and entity
-            init.update(entity=cfg.wandb_entity, name=cfg.wandb_run_name or
-                        os.path.basename(os.path.normpath(cfg.output_dir)))
+            init.update(entity=cfg.wandb_entity, name=self._redact(
+                cfg.wandb_run_name or os.path.basename(os.path.normpath(cfg.output_dir))))
+        config = self._redact(config)
+        # W&B records sys.argv in the run's metadata (its "args"): redact it in place. The
+        # config has been parsed from it already; nothing reads it again.
+        argv = self._redact(sys.argv)
+        if argv != sys.argv:
+            sys.argv[:] = argv
         try:
             init["id"] = self._run_id(cfg.output_dir, resuming)
             if not _has_credentials():
@@ -140,12 +159,15 @@ class Tracker:
         if self.active:
             self._guard(lambda: self.acc.log(row))
 
+    def _redact(self, obj):
+        return redact(obj, self._secrets)
+
     def log_samples(self, step: int, samples: list) -> None:
         if self.active and samples:
             def log():
                 import wandb
-                table = wandb.Table(columns=["step", "prompt", "sample"],
-                                    data=[[step, s["prompt"], s["sample"]] for s in samples])
+                table = wandb.Table(columns=["step", "prompt", "sample"], data=self._redact(
+                    [[step, s["prompt"], s["sample"]] for s in samples]))
                 self.acc.log({"step": step, "samples/text": table})
             self._guard(log)
 
@@ -159,6 +181,7 @@ class Tracker:
     def summary(self, values: dict) -> None:
         """The end-of-run report as the W&B run's summary (what the runs table shows)."""
         if self.active:
+            values = self._redact(values)
             self._guard(lambda: self.run.summary.update(
                 {f"summary/{k}": v for k, v in values.items() if not isinstance(v, dict)}
                 | {f"summary/{k}/{kk}": vv for k, v in values.items() if isinstance(v, dict)

@@ -16,6 +16,7 @@ import torch
 
 from . import config as config_mod
 from .checkpoint import CONFIG_NAME, find_checkpoint, read_manifest
+from .safe_load import safe_unpickle
 from .config import Config, ConfigError
 from .model import GPT, ModelConfig, RotaryEmbedding, model_config_from
 
@@ -66,7 +67,9 @@ def model_config(cfg: Config, derived: dict) -> ModelConfig:
 
 
 def read_state(checkpoint: str) -> dict:
-    """The model's saved tensors by name (on CPU, as saved), wrapper prefixes removed."""
+    """The model's saved tensors by name (on CPU, as saved), wrapper prefixes removed. Nothing
+    here runs a pickle's code: safetensors, torch.load(weights_only=True), DCP read as
+    `_read_dcp` says; TE's pickled `_extra_state` entries are read as bytes, never unpickled."""
     files = os.listdir(checkpoint)
     if "model.safetensors" in files:
         from safetensors.torch import load_file
@@ -90,13 +93,54 @@ def read_state(checkpoint: str) -> dict:
 
 def _read_dcp(directory: str) -> dict:
     """FSDP's sharded checkpoint gathered into one state dict by this process alone (no process
-    group): Accelerate saves it as {"model": state_dict}."""
-    from torch.distributed.checkpoint import FileSystemReader
+    group): Accelerate saves it as {"model": state_dict}. DCP itself unpickles its metadata with
+    pickle.load and non-tensor items with torch.load(weights_only=False); here the metadata
+    goes through an unpickler limited to the checkpoint allowlist and such items through
+    torch.load(weights_only=True). Tensors are read with weights_only=True by DCP."""
+    import io
+    from torch.distributed.checkpoint import CheckpointException, FileSystemReader
+    from torch.distributed.checkpoint._traverse import set_element
     from torch.distributed.checkpoint.default_planner import _EmptyStateDictLoadPlanner
+    from torch.distributed.checkpoint.metadata import StorageMeta
     from torch.distributed.checkpoint.state_dict_loader import _load_state_dict
+
+    try:
+        with open(os.path.join(directory, ".metadata"), "rb") as fh:
+            metadata = safe_unpickle(fh.read())
+    except Exception as e:   # OSError, and pickle and the metadata's classes raise any kind
+        raise ConfigError(f"'{directory}/.metadata' cannot be read safely ({type(e).__name__}: "
+                          f"{' '.join(str(e).split())[:300]})") from None
+
+    class Reader(FileSystemReader):
+        def read_metadata(self, *args, **kwargs):   # upstream: pickle.load of the same file
+            if getattr(metadata, "storage_meta", None) is None:
+                metadata.storage_meta = StorageMeta()
+            metadata.storage_meta.load_id = self.load_id
+            return metadata
+
+    class Planner(_EmptyStateDictLoadPlanner):
+        def load_bytes(self, read_item, value: io.BytesIO) -> None:
+            obj = torch.load(value, map_location="cpu", weights_only=True)
+            if self.flatten_state_dict:
+                set_element(self.original_state_dict, self.mappings[read_item.dest_index.fqn],
+                            obj)
+            else:
+                self.state_dict[read_item.dest_index.fqn] = obj
+
     state: dict = {}
-    _load_state_dict(state, storage_reader=FileSystemReader(directory),
-                     planner=_EmptyStateDictLoadPlanner(), no_dist=True)
+    try:
+        _load_state_dict(state, storage_reader=Reader(directory), planner=Planner(),
+                         no_dist=True)
+    except ConfigError:
+        raise
+    except (Exception, CheckpointException) as e:   # the latter wraps each rank's failure
+        for exc, _ in getattr(e, "failures", {}).values():
+            e = exc
+            break
+        lines = [line.strip() for line in str(e).splitlines() if line.strip()]
+        why = next((line for line in lines if "GLOBAL" in line), lines[0] if lines else "")
+        raise ConfigError(f"cannot read the sharded checkpoint '{directory}' "
+                          f"({type(e).__name__}: {why[:300]})") from None
     model = state.get("model", state)
     return {k: v.full_tensor() if hasattr(v, "full_tensor") else v for k, v in model.items()}
 

@@ -93,6 +93,10 @@ def train(cfg: Config) -> int:
     if trial and os.path.basename(os.path.normpath(cfg.output_dir)) != trial:
         # A sweep agent starts every trial with the same command line: one directory each.
         cfg.output_dir = os.path.join(cfg.output_dir, trial)
+    if trial and cfg.resume == "never":
+        # The directory is this trial's own (named by its run id): checkpoints there are from
+        # this trial, started again after a preemption. Continue it rather than refuse.
+        cfg.resume = "auto"
     faults = Faults.from_env(state.process_index)   # tests only: FP8TRAIN_FAULTS
     ckpt = CheckpointManager(cfg.output_dir, cfg.keep_checkpoints, faults)
     notes: list = []
@@ -219,6 +223,8 @@ def train(cfg: Config) -> int:
         if train_state.rollbacks:
             log.info(f"this run restored a checkpoint {train_state.rollbacks} time(s) after "
                      f"non-finite steps; precision now: {prec.describe()}")
+        _warn_schedule_change(cfg, saved_derived(resume_from), sched, max_lr, train_state.step,
+                              log.warn)
         dropped = metrics.truncate_after(train_state.step)
         samples_file.truncate_after(train_state.step)
         log.info(f"resumed from {resume_from} at step {train_state.step:,} "
@@ -272,6 +278,22 @@ def train(cfg: Config) -> int:
         tracker.finish()  # a no-op after a failure
         log.close()
     return code
+
+
+def _warn_schedule_change(cfg: Config, saved: dict, sched: Schedule, max_lr: float, step: int,
+                          warn) -> None:
+    """The cosine follows the run's length (unless lr_decay_steps is set), and the run's length
+    may change on resume: say so, with the jump in LR it causes, rather than let it pass."""
+    before = saved.get("lr_schedule_steps")
+    if not isinstance(before, int) or before == sched.lr_steps:
+        return
+    args = dict(warmup_steps=cfg.warmup_steps, min_lr_ratio=cfg.min_lr_ratio)
+    old = lr_at(step, max_lr=saved.get("peak_learning_rate", max_lr), total_steps=before, **args)
+    new = lr_at(step, max_lr=max_lr, total_steps=sched.lr_steps, **args)
+    warn(f"the LR schedule is now {sched.lr_steps:,} steps long, the checkpoint's run had "
+         f"{before:,} (the cosine follows the run's length, which changed): the "
+         f"LR at step {step + 1:,} is {new:.3g} instead of {old:.3g}; set lr_decay_steps to "
+         f"keep a schedule fixed across changes of length")
 
 
 def _choose_checkpoint(cfg: Config, ckpt: CheckpointManager, state, notes: list) -> str | None:
@@ -634,7 +656,8 @@ class Loop:
                                                               "FP8" if self.prec.fp8 else "")
         if self.recovering_since is not None:
             raise RunFailed(f"{what}, again after restoring a checkpoint at step "
-                            f"{self.recovering_since:,} and {self.last_remedy}: training "
+                            f"{self.restored_step:,} (the rollback at step "
+                            f"{self.recovering_since:,}) and {self.last_remedy}: training "
                             f"diverges; {hint}")
         if found is None:
             raise RunFailed(f"{what}, before the first checkpoint: nothing to restore; {hint}")
@@ -652,7 +675,7 @@ class Loop:
         self.health.reset()
         self.metrics.truncate_after(st.step)
         self.samples_file.truncate_after(st.step)
-        self.recovering_since = detected
+        self.recovering_since, self.restored_step = detected, st.step
         self.log.warn(f"ROLLBACK: {what}; restored {found} (step {st.step:,}); "
                       f"{remedy + '; ' if remedy else ''}skipping the {skipped_data:,} training "
                       f"sequences drawn since that checkpoint")
@@ -704,17 +727,26 @@ class Loop:
         total = self.acc.reduce(total, "sum")
         val_loss = (total[0] / total[1]).item()
         self.model.train()
-        row = {"step": self.st.step, "tokens": self.st.tokens, "val/loss": val_loss,
-               "val/ppl": math.exp(min(val_loss, 50.0))}
-        self.metrics.write(row)
-        self.tracker.log(row)
-        self.progress.message(f"eval step {self.st.step:,}: val/loss {val_loss:.4f}, "
-                              f"val/ppl {row['val/ppl']:.2f}")
+        # Time stamps for plots of loss against time (scripts/compare_runs.py): training time
+        # (evaluation and checkpoints excluded) and wall time, resumes included.
         st = self.st
+        row = {"step": st.step, "tokens": st.tokens, "val/loss": val_loss,
+               "val/ppl": math.exp(min(val_loss, 50.0)), "time/train_s": train_seconds,
+               "time/wall_s": self.wall_base + time.time() - self.started}
         self.final_val = (st.step, val_loss)
         if st.best_val_loss is None or val_loss < st.best_val_loss:
             st.best_val_loss, st.best_val_step = val_loss, st.step
         reached = self._reached_target(val_loss, train_seconds)
+        if reached:   # in the same row: one evaluation, one row
+            row.update({"val/time_to_target_s": train_seconds, "val/tokens_to_target": st.tokens})
+        self.metrics.write(row)
+        self.tracker.log(row)
+        self.progress.message(f"eval step {st.step:,}: val/loss {val_loss:.4f}, "
+                              f"val/ppl {row['val/ppl']:.2f}")
+        if reached:
+            self.progress.message(f"target val/loss {self.cfg.target_val_loss:g} reached at step "
+                                  f"{st.step:,}: val/loss {val_loss:.4f} after "
+                                  f"{_hms(train_seconds)} of training ({st.tokens:,} tokens)")
         if self.samples is not None:
             try:  # on rank 0 alone: an error must not leave the other ranks at a barrier
                 texts = self.samples.take(self.model, self.eval_set, self.st.step)
@@ -728,22 +760,15 @@ class Loop:
         return reached
 
     def _reached_target(self, val_loss: float, train_seconds: float) -> bool:
-        """Record (and log as val/time_to_target_s, val/tokens_to_target) the first evaluation
-        at or below target_val_loss. Training time, not wall time: evaluations and checkpoints
-        are left out, so runs evaluating at different intervals compare fairly."""
+        """Record the first evaluation at or below target_val_loss (logged with it as
+        val/time_to_target_s, val/tokens_to_target). Training time, not wall time: evaluations
+        and checkpoints are left out, so runs evaluating at different intervals compare fairly."""
         cfg, st = self.cfg, self.st
         if cfg.target_val_loss is None or not val_loss <= cfg.target_val_loss or \
                 (st.target == cfg.target_val_loss and st.target_step is not None):
             return False
         st.target, st.target_step = cfg.target_val_loss, st.step
         st.time_to_target_s, st.tokens_to_target = train_seconds, st.tokens
-        row = {"step": st.step, "tokens": st.tokens, "val/time_to_target_s": train_seconds,
-               "val/tokens_to_target": st.tokens}
-        self.metrics.write(row)
-        self.tracker.log(row)
-        self.progress.message(f"target val/loss {cfg.target_val_loss:g} reached at step "
-                              f"{st.step:,}: val/loss {val_loss:.4f} after {_hms(train_seconds)} "
-                              f"of training ({st.tokens:,} tokens)")
         return True
 
 

@@ -37,7 +37,7 @@ export CONFIG=${CONFIG:-configs/fineweb_edu_fp8.yaml}
 OUTPUT_DIR=${OUTPUT_DIR:-runs/h100_fast_${SLURM_JOB_ID:-$(date +%Y%m%d_%H%M%S)}}
 PYTHON=${PYTHON:-python3}
 
-bash "$ROOT/submit_fp8.sh" --max_steps=200 --eval_interval=100 --log_interval=10 \
+bash "$ROOT/submit_fp8.sh" --max_steps=200 --warmup_steps=20 --eval_interval=100 --log_interval=10 \
   --checkpoint_interval=200 "$@" --output_dir="$OUTPUT_DIR"
 rc=$?
 if [ "$rc" != 0 ]; then

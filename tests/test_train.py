@@ -130,6 +130,9 @@ def test_existing_checkpoints_are_never_overwritten_silently(tmp_path):
                   "--allow_config_change")                                  # ... unless allowed
     assert r.returncode == 0 and "differ from the checkpoint's" in r.stderr
     assert "learning_rate 0.003 -> 0.01" in r.stderr and "max_steps" not in r.stderr
+    # a longer run stretches the cosine: allowed, but the LR jump is said, with its numbers
+    assert "the LR schedule is now 8 steps long, the checkpoint's run had 6" in r.stderr
+    assert "the LR at step 7 is" in r.stderr
     r = run_train(*tiny_args(out, max_steps=12, n_layer=3, learning_rate=0.01), "--resume",
                   "--allow_config_change")                                  # another model
     assert r.returncode == 2 and "cannot resume from" in r.stderr and "Traceback" not in r.stderr

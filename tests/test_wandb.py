@@ -191,6 +191,11 @@ def test_a_sweep_trial_gets_its_own_run_directory(tmp_path):
     assert "output_dir: " + str(trial) in (trial / "config.yaml").read_text()
     (run_dir,) = offline_runs(trial)
     assert run_dir.endswith("-trial7")
+    # The agent starts a preempted trial again with the same run id and command line: it
+    # continues from the trial's own checkpoint (no --resume on the sweep's command line).
+    r = run_with_env(tiny_args(out, use_wandb="true", max_steps=6, eval_samples=0), env)
+    assert r.returncode == 0, r.stderr[-3000:]
+    assert f"resumed from {trial / 'checkpoints' / 'step_0000004'} at step 4" in r.stdout
 
 
 def test_samples_do_not_change_training(tmp_path):

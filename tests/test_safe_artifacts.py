@@ -1,0 +1,328 @@
+"""Checkpoints from an untrusted source: a crafted pickle in a checkpoint (with a manifest that
+matches it, as its author can write one) is refused before anything is unpickled, by resume
+(a named checkpoint or --resume auto), export, evaluation and sampling; real checkpoints of
+fp32, native-FP8 and torchao runs and DCP directories pass. Real runs, real payloads."""
+import hashlib
+import importlib.util
+import io
+import json
+import os
+import pickle
+import shutil
+import sys
+import tarfile
+import types
+
+import pytest
+import torch
+
+from conftest import ROOT, run_train, tiny_args
+from fp8train.checkpoint import verify
+from fp8train.safe_load import (SAFE_GLOBALS, TE_EXTRA_STATE_GLOBALS, _check_pickle, _Unsafe,
+                                unsafe_content)
+from fp8train.config import ConfigError
+
+# Two checkpoints (steps 1 and 2) per run, in seconds.
+SHORT = dict(max_steps=2, checkpoint_interval=1, eval_interval=100, eval_sequences=8,
+             eval_samples=0, warmup_steps=1, batch_size=8, gradient_accumulation_steps=1,
+             log_interval=1)
+BACKENDS = {"fp32": {}, "native": dict(use_fp8="true", fp8_backend="native"),
+            "torchao": dict(use_fp8="true", fp8_backend="torchao")}
+
+
+@pytest.fixture(scope="module")
+def runs(tmp_path_factory):
+    from concurrent.futures import ThreadPoolExecutor
+    root = tmp_path_factory.mktemp("safe")
+    with ThreadPoolExecutor(len(BACKENDS)) as pool:   # three processes, mostly start-up
+        done = {name: pool.submit(run_train, *tiny_args(root / name, **SHORT, **kw))
+                for name, kw in BACKENDS.items()}
+    for name, future in done.items():
+        r = future.result()
+        assert r.returncode == 0, r.stderr[-3000:]
+    return {name: root / name for name in BACKENDS}
+
+
+class RunsCommand:
+    """Unpickling this runs a shell command (os.system)."""
+
+    def __init__(self, cmd):
+        self.cmd = cmd
+
+    def __reduce__(self):
+        return os.system, (self.cmd,)
+
+
+class OpensFile:
+    """Unpickling this creates a file (open, pickled as io.open)."""
+
+    def __init__(self, path):
+        self.path = path
+
+    def __reduce__(self):
+        return open, (self.path, "w")
+
+
+def _payloads(marker):
+    return {"random_states_0.pkl": ({"random_state": RunsCommand(f"touch '{marker}'")},
+                                    "posix.system"),
+            "custom_checkpoint_0.pkl": (OpensFile(str(marker)), "io.open")}
+
+
+def _craft(ckpt, name, obj):
+    """Replace `name` in checkpoint `ckpt` by torch.save(obj) and make the manifest match."""
+    path = os.path.join(ckpt, name)
+    torch.save(obj, path)
+    manifest_path = os.path.join(ckpt, "manifest.json")
+    manifest = json.load(open(manifest_path))
+    data = open(path, "rb").read()
+    manifest["files"][name] = {"size": len(data), "sha256": hashlib.sha256(data).hexdigest()}
+    with open(manifest_path, "w") as fh:
+        json.dump(manifest, fh)
+
+
+def _error_lines(text):
+    return [line for line in text.splitlines() if line.startswith("error:")]
+
+
+# --- real checkpoints pass --------------------------------------------------------------------
+
+@pytest.mark.filterwarnings("ignore:torch.distributed is disabled")   # DCP in one process
+def test_real_checkpoints_are_safe(runs, tmp_path):
+    import torch.distributed.checkpoint as dcp
+    from fp8train import trained
+    for name, run in runs.items():
+        ckpts = sorted((run / "checkpoints").glob("step_*"))
+        assert len(ckpts) == 2, name
+        for ckpt in ckpts:
+            assert unsafe_content(str(ckpt)) is None, (name, ckpt)
+            assert verify(str(ckpt))[0] is None
+    # FSDP's layout, written by torch.distributed.checkpoint as Accelerate does (one process)
+    src = str(sorted((runs["native"] / "checkpoints").glob("step_*"))[-1])
+    state = trained.read_state(src)
+    optim = torch.load(os.path.join(src, "optimizer.bin"), weights_only=True)
+    ckpt = tmp_path / "step_0000002"
+    ckpt.mkdir()
+    shutil.copy(os.path.join(src, "config.yaml"), ckpt / "config.yaml")
+    dcp.save({"model": state}, storage_writer=dcp.FileSystemWriter(str(ckpt /
+                                                                       "pytorch_model_fsdp_0")))
+    dcp.save({"optimizer": optim}, storage_writer=dcp.FileSystemWriter(str(ckpt / "optimizer_0")))
+    assert unsafe_content(str(ckpt)) is None
+    back = trained.read_state(str(ckpt))
+    assert sorted(back) == sorted(state) and all(torch.equal(back[k], state[k]) for k in state)
+
+
+# --- crafted checkpoints are refused, nothing runs --------------------------------------------
+
+@pytest.mark.parametrize("name", ["random_states_0.pkl", "custom_checkpoint_0.pkl"])
+def test_resume_from_a_crafted_checkpoint_exits_2(runs, tmp_path, name):
+    marker = tmp_path / "MARKER"
+    run = tmp_path / "run"
+    shutil.copytree(runs["fp32"], run)
+    ckpt = run / "checkpoints" / "step_0000002"
+    obj, global_name = _payloads(marker)[name]
+    _craft(ckpt, name, obj)
+    problem, _ = verify(str(ckpt))
+    assert problem and name in problem and global_name in problem   # not a checksum mismatch
+    r = run_train(*tiny_args(run, **SHORT, resume=ckpt))
+    assert r.returncode == 2, r.stderr[-2000:]
+    errors = _error_lines(r.stderr)
+    assert len(errors) == 1 and name in errors[0] and global_name in errors[0], r.stderr[-2000:]
+    assert not marker.exists()
+
+
+def test_the_payload_is_live(tmp_path):
+    """What the check stops: Accelerate's load_state reads custom_checkpoint_N.pkl (our
+    TrainState) with torch.load(weights_only=False)."""
+    from accelerate.utils.other import load   # as accelerate.checkpointing.load_custom_state
+    marker = tmp_path / "MARKER"
+    path = tmp_path / "custom_checkpoint_0.pkl"
+    torch.save(_payloads(marker)["custom_checkpoint_0.pkl"][0], path)
+    load(str(path), map_location="cpu", weights_only=False).close()
+    assert marker.exists()
+
+
+def test_resume_auto_sets_a_crafted_checkpoint_aside(runs, tmp_path):
+    marker = tmp_path / "MARKER"
+    run = tmp_path / "run"
+    shutil.copytree(runs["fp32"], run)
+    newest = run / "checkpoints" / "step_0000002"
+    _craft(newest, "custom_checkpoint_0.pkl", _payloads(marker)["custom_checkpoint_0.pkl"][0])
+    r = run_train(*tiny_args(run, **SHORT, resume="auto"))
+    assert r.returncode == 0, r.stderr[-2000:]
+    out = r.stdout + r.stderr
+    warned = [line for line in out.splitlines() if "step_0000002" in line and "unusable" in line]
+    assert warned and "custom_checkpoint_0.pkl" in warned[0] and "io.open" in warned[0] \
+        and "moved aside" in warned[0], out[-3000:]
+    assert "resumed from" in out and "step_0000001" in out
+    assert (run / "checkpoints" / "step_0000002.corrupt").is_dir()
+    assert unsafe_content(str(newest)) is None          # written anew by the resumed run
+    assert not marker.exists()
+
+
+def _script(name):
+    spec = importlib.util.spec_from_file_location(name, ROOT / "scripts" / f"{name}.py")
+    mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)
+    return mod.main
+
+
+@pytest.mark.parametrize("tool", ["export_hf", "evaluate", "sample"])
+def test_tools_refuse_a_crafted_checkpoint(runs, tmp_path, capsys, tool):
+    marker = tmp_path / "MARKER"
+    ckpt = tmp_path / "step_0000002"
+    shutil.copytree(runs["native"] / "checkpoints" / "step_0000002", ckpt)
+    _craft(ckpt, "random_states_0.pkl", _payloads(marker)["random_states_0.pkl"][0])
+    args = {"export_hf": [str(ckpt), str(tmp_path / "out")], "evaluate": [str(ckpt)],
+            "sample": [str(ckpt), "--prompt", "ROMEO:", "--max_new_tokens", "4"]}[tool]
+    assert _script(tool)(args) == 2
+    errors = _error_lines(capsys.readouterr().err)
+    assert len(errors) == 1 and "random_states_0.pkl" in errors[0] \
+        and "posix.system" in errors[0], errors
+    assert not marker.exists() and not (tmp_path / "out").exists()
+
+
+# --- the scan itself, on pickles written to evade it ------------------------------------------
+
+def _why(data, allowed=SAFE_GLOBALS):
+    try:
+        _check_pickle(data, allowed)
+    except _Unsafe as e:
+        return str(e)
+    return None
+
+
+def test_static_scan_sees_through_pickle_tricks():
+    # STACK_GLOBAL (protocol 4) with the names memoized and fetched again
+    ok = b"\x80\x04\x8c\x0bcollections\x94\x8c\x0bOrderedDict\x94\x93h\x00h\x01\x93)R."
+    assert _why(ok) is None
+    assert "os.OrderedDict" in _why(b"\x80\x04\x8c\x02os\x94\x8c\x0bOrderedDict\x94\x93.")
+    # a module name computed by an allowed call, then imported
+    computed = (b"\x80\x04\x8c\x07_codecs\x8c\x06encode\x93\x8c\x02os\x8c\x06latin1\x86R"
+                b"\x8c\x06system\x93.")
+    assert "computes" in _why(computed)
+    assert "_codecs.encode" in _why(b"\x80\x02c_codecs\nencode\nX\x02\x00\x00\x00os"
+                                    b"X\x05\x00\x00\x00rot13\x86R.")
+    assert "EXT1" in _why(b"\x80\x02\x82\x01.")                  # the copyreg extension registry
+    assert "not an object" in _why(b"\x80\x02ctorch\nfloat32\n}b.")   # BUILD on a global
+    assert "readable" in _why(b"\x80\x02(K\x01")                  # truncated
+    assert _why(pickle.dumps({"a": [1, 2.0, "x", b"y", (1,)]}, protocol=5)) is None
+    assert "posix.system" in _why(pickle.dumps(RunsCommand("true"), protocol=0))   # INST era
+
+
+@pytest.mark.filterwarnings("ignore::DeprecationWarning")   # torch.jit
+def test_other_torch_formats_are_refused(runs, tmp_path):
+    src = runs["fp32"] / "checkpoints" / "step_0000002"
+    legacy = tmp_path / "legacy"
+    shutil.copytree(src, legacy)
+    torch.save({"step": 1}, legacy / "custom_checkpoint_0.pkl",
+               _use_new_zipfile_serialization=False)   # torch.load would try tar and pickle
+    assert "not a torch.save zip archive" in unsafe_content(str(legacy))
+    tar = io.BytesIO()
+    with tarfile.open(fileobj=tar, mode="w") as fh:   # torch.load's oldest format
+        payload = pickle.dumps(RunsCommand("true"))
+        member = tarfile.TarInfo("pickle")
+        member.size = len(payload)
+        fh.addfile(member, io.BytesIO(payload))
+    (legacy / "custom_checkpoint_0.pkl").write_bytes(tar.getvalue())
+    assert "tar archive" in unsafe_content(str(legacy))
+    (legacy / "custom_checkpoint_0.pkl").write_bytes(b"moments" * 100)   # fails at byte 0
+    assert unsafe_content(str(legacy)) is None
+    script = tmp_path / "script"
+    shutil.copytree(src, script)
+    torch.jit.save(torch.jit.script(torch.nn.Linear(2, 2)), str(script / "optimizer.bin"))
+    assert "TorchScript" in unsafe_content(str(script))
+
+
+@pytest.mark.filterwarnings("ignore:torch.distributed is disabled")
+def test_dcp_metadata_and_items_are_checked(tmp_path):
+    import torch.distributed.checkpoint as dcp
+    from fp8train.trained import read_state
+    marker = tmp_path / "MARKER"
+    ckpt = tmp_path / "ckpt"
+    sharded = ckpt / "pytorch_model_fsdp_0"
+    # a non-tensor item: DCP itself loads it with torch.load(weights_only=False)
+    dcp.save({"model": {"w": torch.ones(2), "n": RunsCommand(f"touch '{marker}'")}},
+             storage_writer=dcp.FileSystemWriter(str(sharded)))
+    why = unsafe_content(str(ckpt))
+    assert "pytorch_model_fsdp_0/.metadata" in why and "item 'model.n'" in why \
+        and "posix.system" in why
+    with pytest.raises(ConfigError, match="posix.system"):
+        read_state(str(ckpt))
+    # the metadata itself: DCP reads it with pickle.load
+    (sharded / ".metadata").write_bytes(pickle.dumps(RunsCommand(f"touch '{marker}'")))
+    assert "posix.system" in unsafe_content(str(ckpt))
+    with pytest.raises(ConfigError, match="posix.system"):
+        read_state(str(ckpt))
+    assert not marker.exists()
+
+
+@pytest.fixture
+def fake_te_recipe(monkeypatch):
+    """transformer_engine.common.recipe as far as its pickles need it (TE needs a GPU)."""
+    import dataclasses
+    import enum
+    from typing import NamedTuple
+    mod = types.ModuleType("transformer_engine.common.recipe")
+
+    class _FormatHelper(NamedTuple):
+        max_fwd: float
+        max_bwd: float
+
+    class Format(enum.Enum):
+        E4M3 = _FormatHelper(448, 448)
+        HYBRID = _FormatHelper(448, 57344)
+
+    @dataclasses.dataclass
+    class DelayedScaling:
+        margin: int = 0
+        fp8_format: Format = Format.HYBRID
+        amax_history_len: int = 16
+
+    for cls in (_FormatHelper, Format, DelayedScaling):
+        cls.__module__, cls.__qualname__ = mod.__name__, cls.__name__
+        setattr(mod, cls.__name__, cls)
+    for name in ("transformer_engine", "transformer_engine.common"):
+        monkeypatch.setitem(sys.modules, name, types.ModuleType(name))
+    monkeypatch.setitem(sys.modules, mod.__name__, mod)
+    return mod
+
+
+def test_transformer_engine_extra_state_is_checked(runs, tmp_path, fake_te_recipe):
+    """TE pickles its FP8 state into `_extra_state` tensors (CPU tensors inside as
+    _load_from_bytes blobs) and unpickles them on load."""
+    from safetensors.torch import load_file, save_file
+    marker = tmp_path / "MARKER"
+    src = runs["fp32"] / "checkpoints" / "step_0000002"
+
+    def as_tensor(obj):
+        return torch.frombuffer(bytearray(pickle.dumps(obj)), dtype=torch.uint8)
+
+    def scan(extra):
+        ckpt = tmp_path / f"ckpt{len(list(tmp_path.iterdir()))}"
+        shutil.copytree(src, ckpt)
+        state = load_file(str(ckpt / "model.safetensors"))
+        state["blocks.0.attn.qkv._extra_state"] = extra
+        save_file(state, str(ckpt / "model.safetensors"))
+        return unsafe_content(str(ckpt))
+
+    good = {"recipe": fake_te_recipe.DelayedScaling(), "scale_fwd": torch.ones(3),
+            "amax_history_fwd": torch.zeros(16, 3), "extra_fp8_variables": {"num_gemms": 1}}
+    assert scan(as_tensor(good)) is None
+    assert scan(torch.empty(0, dtype=torch.uint8)) is None
+    evil = pickle.dumps({"recipe": RunsCommand(f"touch '{marker}'")})
+    assert "posix.system" in scan(as_tensor({"recipe": RunsCommand(f"touch '{marker}'")}))
+    padded = bytearray(evil + b"\0" * (-len(evil) % 4))   # TE unpickles any dtype's bytes
+    assert "posix.system" in scan(torch.frombuffer(padded, dtype=torch.float32))
+
+    class Storage:   # a storage whose torch.save blob carries the payload
+        def __reduce__(self):
+            blob = io.BytesIO()
+            torch.save(RunsCommand(f"touch '{marker}'"), blob, _use_new_zipfile_serialization=False)
+            return torch.storage._load_from_bytes, (blob.getvalue(),)
+    why = scan(as_tensor({"scale_fwd": Storage()}))
+    assert "_extra_state" in why and "posix.system" in why
+    # _load_from_bytes is for TE's pickles only
+    assert "_load_from_bytes" in _why(pickle.dumps(Storage()), SAFE_GLOBALS)
+    assert "posix.system" in _why(pickle.dumps(Storage()), TE_EXTRA_STATE_GLOBALS)
+    assert not marker.exists()
