@@ -75,6 +75,16 @@ def history_and_config(run_dir):
     return history, config
 
 
+def wandb_summary(run_dir):
+    """The run summary as the .wandb file records it (the last value of each key)."""
+    out = {}
+    for rec in wandb_records(run_dir):
+        if rec.WhichOneof("record_type") == "summary":
+            for i in rec.summary.update:
+                out[i.key or "/".join(i.nested_key)] = json.loads(i.value_json)
+    return out
+
+
 def offline_runs(out):
     return sorted(glob.glob(str(out / "wandb" / "offline-run-*")))
 
@@ -124,6 +134,14 @@ def test_offline_run_holds_every_metric_the_config_and_resumes_the_same_run(tmp_
         tables[0]["samples/text/nrows"] == 2
     samples = [json.loads(line) for line in (out / "samples.jsonl").read_text().splitlines()]
     assert [s["step"] for s in samples] == [6, 6] and all(s["sample"] for s in samples)
+
+    # The end-of-run report is the run's summary too.
+    report = json.loads((out / "summary.json").read_text())
+    summary = wandb_summary(run_dir)
+    assert summary["summary/final_val_loss"] == pytest.approx(report["final_val_loss"])
+    assert summary["summary/status"] == "completed" and summary["summary/steps"] == 6
+    assert summary["summary/batch/effective_batch_size"] == 16
+    assert summary["summary/fp8_layers_converted"] == 8
 
     # A resumed run continues the same W&B run.
     r = run_with_env(args[:-1] + ["--max_steps=12", "--resume"], env)
