@@ -453,9 +453,7 @@ class Loop:
                 st.target == cfg.target_val_loss and st.target_step is not None:
             self.log.info(f"nothing to do: target val/loss {cfg.target_val_loss:g} was reached "
                           f"at step {st.target_step:,} (stop_at_target: false trains on)")
-            self.status = "target reached"
-            self._report()
-            return
+            return   # the run's summary.json, written when it stopped there, stands
         interval_steps = 0
         data_wait = 0.0   # host seconds spent waiting for the next micro-batch
         clock = _TrainClock(self.device)  # training time only: eval and checkpoints excluded

@@ -62,9 +62,11 @@ def test_a_target_reached_stops_the_run_with_a_checkpoint(runs, tmp_path):
     # Resuming a run that reached its target has nothing to do ...
     run = tmp_path / "copy"
     shutil.copytree(runs["fp32"][0], run)
+    before = (run / "summary.json").read_text()
     again = run_train(*tiny_args(run, target_val_loss=3.4, resume="auto", **ARGS))
     assert again.returncode == 0 and "nothing to do: target val/loss 3.4 was reached" in \
         again.stdout, again.stderr[-2000:]
+    assert (run / "summary.json").read_text() == before   # the report of the run stands
     # ... unless told to train on: then it runs to the end, the target kept on record.
     on = run_train(*tiny_args(run, target_val_loss=3.4, resume="auto", stop_at_target="false",
                               **ARGS))
