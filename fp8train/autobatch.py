@@ -5,7 +5,11 @@ optimizer state) of a throw-away copy of the model at the real seq_len, precisio
 mode, on synthetic tokens. The micro-batch doubles from 1 until a step runs out of memory, goes
 over the budget (device memory minus `memory_headroom`) or reaches `max_batch_size`; a binary
 search between the last fit and the first failure follows. Only out-of-memory errors count as
-"does not fit"; anything else is a bug and stops the run.
+"does not fit" (torch's, and the plain RuntimeErrors that libraries with their own C++ raise for
+an allocation failure); anything else is a bug and stops the run. Each trial runs without
+collectives across ranks (Precision.for_trials), and what it leaves in process-wide state
+(Transformer Engine's amax buffers, compiled graphs and CUDA graph pools) is cleared before the
+next; after the search the peak-memory statistics start afresh.
 
 The ranks then agree on the smallest fit with one all-gather, which also carries errors: a rank
 whose probe failed makes every rank stop with its message instead of leaving the others waiting
@@ -24,6 +28,7 @@ import torch
 
 from .config import Config, ConfigError
 from .keyed_cache import read_entry, write_entry
+from .model import compiled
 
 CACHE_FILE = "batch_probe.json"
 # Per-rank memory budgets for testing and debugging (comma-separated GB, indexed by rank):
@@ -66,19 +71,42 @@ class Probe:
     def fits(self, micro: int) -> bool:
         try:
             peak = self.trial(micro)
-        except torch.OutOfMemoryError:
+        except Exception as e:
+            if not is_out_of_memory(e):
+                raise
             peak = None
         finally:
-            _release_memory()
+            release_memory()
         ok = peak is not None and peak <= self.budget_bytes
         self.trials.append((micro, ok, peak))
         return ok
 
 
-def _release_memory() -> None:
+# How an allocation failure reads when it does not come as torch.OutOfMemoryError: libraries
+# with their own C++ (Transformer Engine registers no exception translator, so its errors are
+# plain RuntimeErrors) report CUDA's and cuBLAS/cuDNN's messages. "out of memory" is
+# cudaGetErrorString(cudaErrorMemoryAllocation); "the resource allocation failed" is
+# cublasGetStatusString(CUBLAS_STATUS_ALLOC_FAILED), which torch reports by its enum name.
+OOM_MESSAGES = ("out of memory", "cudaerrormemoryallocation", "cublas_status_alloc_failed",
+                "the resource allocation failed", "cudnn_status_alloc_failed")
+
+
+def is_out_of_memory(error: BaseException) -> bool:
+    """True when `error` says the device ran out of memory, whatever raised it."""
+    if isinstance(error, torch.OutOfMemoryError):
+        return True
+    text = str(error).lower()
+    return isinstance(error, RuntimeError) and any(m in text for m in OOM_MESSAGES)
+
+
+def release_memory(device: Optional[torch.device] = None) -> None:
+    """Free what a trial left behind; with `device`, also start its peak-memory statistics
+    afresh, so that the run's system/gpu_memory_peak_gb describes the run, not the trials."""
     gc.collect()
     if torch.cuda.is_available():
         torch.cuda.empty_cache()
+        if device is not None and device.type == "cuda":
+            torch.cuda.reset_peak_memory_stats(device)
 
 
 # --- one real training step, measured -----------------------------------------------------------
@@ -105,16 +133,33 @@ class _SavedTensorBytes:
 
 def make_trial(build_model: Callable[[], torch.nn.Module], build_precision, build_optimizer,
                loss_fn, cfg: Config, vocab_size: int, device: torch.device, autocast):
-    """A function micro -> peak bytes of one full training step at that micro-batch."""
+    """A function micro -> peak bytes of one full training step at that micro-batch, with the
+    optimizer state already allocated (as from the run's second step on)."""
 
     def trial(micro: int) -> int:
-        prec = build_precision()
+        prec = build_precision().for_trials()
+        try:
+            return _step_peak(prec, micro)
+        finally:
+            prec.reset_trials()
+            if cfg.compile and uses_cuda_graphs(cfg.compile_mode):
+                # CUDA graph pools hold this trial's memory until dynamo forgets them: the next
+                # trial must start from an empty device.
+                torch.compiler.reset()
+
+    def _step_peak(prec, micro: int) -> int:
         model = prec.convert(build_model().to(device))
         model.train()
-        step_model = torch.compile(model, mode=None if cfg.compile_mode == "default" else
-                                   cfg.compile_mode) if cfg.compile else model
+        step_model = compiled(model, cfg)
         opt = build_optimizer(model)
         x = torch.randint(0, vocab_size, (micro, cfg.seq_len), device=device)
+        # AdamW allocates its two moments at its first step, after that step's activations are
+        # freed; in the run they are held through every later forward and backward. Allocate
+        # them first, so that the step measured is a steady-state one.
+        for p in model.parameters():
+            p.grad = torch.zeros_like(p)
+        opt.step()
+        opt.zero_grad(set_to_none=True)
         cuda = device.type == "cuda"
         if cuda:
             torch.cuda.synchronize(device)
@@ -138,6 +183,11 @@ def make_trial(build_model: Callable[[], torch.nn.Module], build_precision, buil
         return 4 * state + counter.bytes
 
     return trial
+
+
+def uses_cuda_graphs(compile_mode: str) -> bool:
+    """torch.compile modes that capture CUDA graphs (each keeps a private memory pool)."""
+    return compile_mode in ("reduce-overhead", "max-autotune")
 
 
 def device_budget(cfg: Config, device: torch.device, rank: int) -> float:
@@ -237,6 +287,11 @@ def discover(cfg: Config, trial: Callable[[int], int], key: dict, device: torch.
         except Exception as e:  # not an OOM: report it on every rank, then stop
             error = f"{type(e).__name__}: {' '.join(str(e).split())[:300]}"
         seconds = time.perf_counter() - t0
+        release_memory(device)   # the run's peak memory starts here, not at the last trial
+        if cfg.compile:
+            # The trials' micro-batches differ, so dynamo marked the batch dimension dynamic;
+            # the run's model, at one fixed micro-batch, compiles afresh with static shapes.
+            torch.compiler.reset()
         if error is None and micro == 0:
             peak = probe.trials[0][2]
             used = f"{peak / 1e9:.2f} GB" if peak else "out of memory"

@@ -4,8 +4,8 @@ the host.
 A step is bad when its global gradient norm is not finite. The norm is computed from the
 all-reduced gradients, so every rank reaches the same verdict without a collective of its own.
 The update of a bad step is skipped inside the fused AdamW kernel (its `found_inf` input, the
-mechanism GradScaler uses), which also leaves Adam's step count untouched. The host reads the
-counters at the log interval and at a few-step health check."""
+mechanism GradScaler uses), which also leaves Adam's step count untouched; under FSDP2 too. The host reads the
+counters, the streak included, at the log interval only."""
 from __future__ import annotations
 
 import math
@@ -29,6 +29,8 @@ class Health:
     def step(self, grad_norm: torch.Tensor, loss: torch.Tensor,
              penalty: torch.Tensor) -> torch.Tensor:
         """Record one optimizer step; returns 1.0 (skip the update) or 0.0 as a device tensor."""
+        if hasattr(grad_norm, "full_tensor"):   # FSDP2: a replicated DTensor, the same everywhere
+            grad_norm = grad_norm.full_tensor()
         bad = ~torch.isfinite(grad_norm.detach().float())
         badf = bad.float()
         self.streak.mul_(badf).add_(badf)           # +1 when bad, back to 0 when good
@@ -42,22 +44,19 @@ class Health:
         return badf
 
     def interval(self) -> torch.Tensor:
-        """[mean loss, mean penalty, bad steps, loss max] of the interval (one device tensor, read
-        with the log's host sync), and a fresh interval."""
+        """[mean loss, mean penalty, bad steps, loss max, longest streak of bad steps since the
+        last reset] of the interval (one device tensor, read with the log's host sync: the
+        streak costs no sync of its own), and a fresh interval."""
         good = self.good.clamp_min(1.0)
         nan = torch.full((), math.nan, device=good.device)
         none_good = self.good == 0
         out = torch.stack([torch.where(none_good, nan, self.loss_sum / good),
                            torch.where(none_good, nan, self.penalty_sum / good),
-                           self.bad.clone(), self.loss_max.clone()])
+                           self.bad.clone(), self.loss_max.clone(), self.worst.clone()])
         for t in (self.bad, self.good, self.loss_sum, self.penalty_sum):
             t.zero_()
         self.loss_max.fill_(-math.inf)
         return out
-
-    def worst_streak(self) -> int:
-        """A host sync: call every few steps, not every step."""
-        return int(self.worst.item())
 
     def in_streak(self) -> bool:
         return bool(self.streak.item() > 0)

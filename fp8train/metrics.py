@@ -29,7 +29,15 @@ def peak_flops(device_name: Optional[str]) -> Optional[float]:
     return found[2] if found else None
 
 
+def is_mig(device_name: Optional[str]) -> bool:
+    """A MIG slice ("NVIDIA H100 80GB HBM3 MIG 3g.40gb") has a fraction of the GPU's SMs: the
+    datasheet peak of the whole GPU would understate its MFU by that fraction."""
+    return bool(device_name) and " MIG " in f" {device_name} "
+
+
 def _peak_entry(device_name: Optional[str]):
+    if is_mig(device_name):
+        return None
     for entry in PEAK_BF16_FLOPS:
         if device_name and entry[0] in device_name:
             return entry
@@ -39,6 +47,9 @@ def _peak_entry(device_name: Optional[str]):
 def peak_note(device_name: Optional[str], fp8: bool) -> str:
     """Which peak train/mfu is measured against, said once at start and kept in config.yaml."""
     found = _peak_entry(device_name)
+    if is_mig(device_name):
+        return (f"no MFU: '{device_name}' is a MIG slice, and the peak table holds whole GPUs; "
+                "tokens/s is still measured")
     if found is None or found[2] is None:
         return (f"no MFU: '{device_name}' is not in the peak table (H100/H200/GH200/B200/"
                 "A100); tokens/s is still measured")

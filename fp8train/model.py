@@ -269,3 +269,12 @@ def generate(model: nn.Module, idx: torch.Tensor, max_new_tokens: int, vocab_siz
 
 def _recompute_in_backward(block: nn.Module, x: torch.Tensor) -> torch.Tensor:
     return checkpoint(block, x, use_reentrant=False)
+
+
+def compiled(module: nn.Module, cfg) -> nn.Module:
+    """`module` as the run executes it: torch.compile'd in cfg.compile_mode when cfg.compile is
+    set (the training step, the micro-batch probe's trials and fp8_layers auto's timing alike),
+    else itself."""
+    if not cfg.compile:
+        return module
+    return torch.compile(module, mode=None if cfg.compile_mode == "default" else cfg.compile_mode)

@@ -1,6 +1,7 @@
 """The training loop on Accelerate: build everything once, then a short hot loop."""
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import math
 import os
@@ -23,7 +24,7 @@ from .health import Health
 from .data import BatchStream, RandomWindows, load_splits, val_batches
 from .loss import lm_loss
 from .metrics import MetricsWriter, peak_flops, peak_note, throughput
-from .model import GPT, model_config_from
+from .model import GPT, compiled, model_config_from
 from .precision import Precision, build_precision
 from .runlog import RunLog
 from .samples import Sampler
@@ -76,7 +77,7 @@ def plan_steps(cfg: Config, train_tokens: int, plan: BatchPlan) -> Schedule:
 
 def train(cfg: Config) -> int:
     from accelerate import Accelerator, PartialState
-    from accelerate.utils import set_seed
+    from accelerate.utils import DistributedDataParallelKwargs, set_seed
 
     # Without CUDA, say so up front: under torchrun that selects gloo (multi-process CPU).
     cpu = not torch.cuda.is_available()
@@ -118,11 +119,17 @@ def train(cfg: Config) -> int:
     if torch.cuda.is_available() and cfg.tf32:
         torch.backends.cuda.matmul.allow_tf32 = True
         torch.backends.cudnn.allow_tf32 = True
+    # DDP: gradients live in the all-reduce buckets (no second copy of every gradient, which
+    # the micro-batch probe does not model), and buffers are broadcast only when the precision
+    # backend needs it (a broadcast of every buffer before every forward otherwise).
+    ddp = DistributedDataParallelKwargs(gradient_as_bucket_view=True,
+                                        broadcast_buffers=prec.ddp_broadcast_buffers)
     accelerator = Accelerator(
         cpu=cpu,
         gradient_accumulation_steps=plan.accum if plan else 1,
         step_scheduler_with_optimizer=False,
         log_with=Tracker.log_with(cfg),
+        kwargs_handlers=[ddp],
         **prec.accelerator_kwargs())
     device = accelerator.device
 
@@ -196,12 +203,12 @@ def train(cfg: Config) -> int:
     if prec.fp8:
         log.info(prec.selection.describe())
         log.info(prec.describe())
+    for caution in prec.cautions():
+        log.warn(caution)
     optimizer = build_optimizer(model, cfg)
     model, optimizer = accelerator.prepare(model, optimizer)
     prec.after_prepare(accelerator)
-    if cfg.compile:
-        model = torch.compile(model, mode=None if cfg.compile_mode == "default" else
-                              cfg.compile_mode)
+    model = compiled(model, cfg)
     train_state = TrainState()
     accelerator.register_for_checkpointing(train_state)
 
@@ -338,6 +345,11 @@ def _discover_plan(cfg: Config, mcfg, prec: Precision, accelerator, log):
     key = autobatch.cache_key(cfg, dataclasses.asdict(mcfg), prec.name, device_desc,
                               accelerator.num_processes)
     note = ""
+    if accelerator.distributed_type == "FSDP":
+        log.warn("batch discovery under FSDP probes an unsharded copy of the model on each rank: "
+                 "it counts every parameter, gradient and optimizer moment whole, so the "
+                 "micro-batch it finds is a lower bound (set batch_size and "
+                 "gradient_accumulation_steps by hand to use more memory)")
     try:
         fit = autobatch.discover(cfg, trial, key, device, accelerator.process_index,
                                  accelerator.num_processes, accelerator.is_main_process, log.info)
@@ -416,13 +428,12 @@ class Loop:
         # steps, at most 10 apart: soon enough for SLURM's warning, never a sync per step.
         self.stop_check_every = 1 if accelerator.num_processes == 1 else \
             min(cfg.log_interval, 10)
-        # Streaks of non-finite steps are read on the host as often (one scalar, no collective).
-        self.health_every = min(cfg.log_interval, 10)
         self.health = Health(self.device, cfg.loss_spike_factor)
         self.optimizer_inner = getattr(optimizer, "optimizer", optimizer)
-        # FSDP's parameters are DTensors, which the fused kernel's plain found_inf tensor cannot
-        # be mixed with: there, the skip is decided on the host (one sync per step).
-        self.skip_on_device = accelerator.distributed_type != "FSDP"
+        # FSDP2's parameters are DTensors; the fused kernel's found_inf is a plain 0-d tensor (the
+        # same value on every rank), which DTensor takes as replicated inside this context.
+        self.optimizer_context = _implicit_replication if \
+            accelerator.distributed_type == "FSDP" else contextlib.nullcontext
         self.recovering_since = None  # the step of the last rollback until a checkpoint passes it
         self.last_remedy = ""
         self.batches = None
@@ -494,10 +505,8 @@ class Loop:
                 grad_norm = self.acc.clip_grad_norm_(self.model.parameters(), self.max_norm)
                 skip = self.health.step(grad_norm, step_ce / self.plan.accum,
                                         step_penalty / self.plan.accum)
-                if self.skip_on_device:  # the fused AdamW kernel skips it: no host sync
-                    self.optimizer_inner.found_inf = skip
-                    self.opt.step()
-                elif not skip.item():
+                self.optimizer_inner.found_inf = skip   # the fused kernel skips it: no host sync
+                with self.optimizer_context():
                     self.opt.step()
                 self.opt.zero_grad(set_to_none=True)
                 st.step += 1
@@ -507,7 +516,7 @@ class Loop:
 
                 if logged:  # decided before the step, so that the step was watched
                     vals = self.acc.reduce(self.health.interval(), "mean").tolist()  # host sync
-                    loss_val, penalty_val, bad, loss_max = vals
+                    loss_val, penalty_val, bad, loss_max, worst_streak = vals
                     elapsed = clock.take()
                     st.train_seconds += elapsed
                     if not self.first_interval:
@@ -533,8 +542,7 @@ class Loop:
                                       f"{st.step:,}: {spike}")
                     data_wait = 0.0
                     interval_steps = 0
-                if cfg.max_bad_steps and (logged or st.step % self.health_every == 0) and \
-                        self.health.worst_streak() >= cfg.max_bad_steps:
+                if cfg.max_bad_steps and logged and worst_streak >= cfg.max_bad_steps:
                     clock.pause()
                     self._roll_back()
                     clock.resume()
@@ -836,6 +844,11 @@ class _TrainClock:
         now = time.perf_counter()
         elapsed, self.banked, self.t0 = self.banked + now - self.t0, 0.0, now
         return elapsed
+
+
+def _implicit_replication():
+    from torch.distributed.tensor.experimental import implicit_replication
+    return implicit_replication()
 
 
 def _hms(seconds: float) -> str:

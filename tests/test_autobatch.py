@@ -51,6 +51,38 @@ def test_other_errors_are_not_taken_for_out_of_memory():
         search_max_batch(Probe(trial, 1e12).fits, 64)
 
 
+# What an allocation failure reads like when it is not a torch.OutOfMemoryError: Transformer
+# Engine registers no exception translator, so its C++ errors are plain RuntimeErrors built by
+# NVTE_CHECK_CUDA / NVTE_CHECK_CUBLAS (transformer_engine/common/util/logging.h), and torch
+# names cuBLAS's status by its enum.
+LIBRARY_OOMS = [
+    "/te/common/gemm/cublaslt_gemm.cu:412 in function cublas_gemm: CUDA Error: out of memory",
+    "/te/common/gemm/cublaslt_gemm.cu:301 in function cublas_gemm: cuBLAS Error: the resource "
+    "allocation failed",
+    "CUDA error: CUBLAS_STATUS_ALLOC_FAILED when calling `cublasCreate(handle)`",
+    "cuDNN Error: CUDNN_STATUS_ALLOC_FAILED. For more information, enable cuDNN error logging",
+]
+
+
+@pytest.mark.parametrize("message", LIBRARY_OOMS)
+def test_an_allocation_failure_inside_a_library_counts_as_not_fitting(message):
+    def trial(micro):
+        if micro > 6:
+            raise RuntimeError(message)
+        return micro
+    assert search_max_batch(Probe(trial, 1e12).fits, 64) == 6
+    assert autobatch.is_out_of_memory(RuntimeError(message))
+
+
+@pytest.mark.parametrize("message", [
+    "CUDA error: an illegal memory access was encountered",
+    "mat1 and mat2 shapes cannot be multiplied (64x128 and 256x128)",
+    "cuBLAS Error: an invalid numeric value was used as an argument"])
+def test_other_library_errors_are_not_out_of_memory(message):
+    assert not autobatch.is_out_of_memory(RuntimeError(message))
+    assert not autobatch.is_out_of_memory(ValueError("out of memory"))   # not from a device
+
+
 def test_nothing_fits():
     assert search_max_batch(Probe(oom_above(0), 1e12).fits, 64) == 0
 

@@ -30,12 +30,50 @@ def test_bench_quick_writes_results_for_every_configuration(tmp_path):
     assert report["environment"]["torch_version"] and "fp32" in (out / "results.md").read_text()
     assert not (out / "runs").exists() or not any((out / "runs").iterdir())  # cleaned up
     assert "wrote" in r.stdout and "| tiny | native | off | 4 |" in r.stdout
+    # One probe for the preset (eager, in the base precision), used by every configuration.
+    (probe,) = report["probes"]
+    assert (probe["preset"], probe["precision"], probe["status"], probe["micro_batch"]) == \
+        ("tiny", "fp32", "ok", 4)
+    assert "probe tiny (fp32): micro-batch 4" in (out / "results.md").read_text()
 
 
 def test_bench_rejects_steps_that_are_not_whole_warmup_intervals():
     r = subprocess.run([sys.executable, "scripts/bench.py", "--steps", "5", "--warmup", "2"],
                        cwd=ROOT, capture_output=True, text=True, timeout=60)
     assert r.returncode == 2 and "--steps must be a positive multiple of --warmup" in r.stderr
+
+
+def _bench():
+    import importlib.util
+    spec = importlib.util.spec_from_file_location("bench", ROOT / "scripts" / "bench.py")
+    bench = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(bench)
+    return bench
+
+
+def test_default_suite_is_small_and_probes_once_per_preset():
+    """The default suite (it must fit its 9.5-minute budget) and what each process is told:
+    the probe is eager and --plan-only in the base precision; every configuration then trains
+    at that micro-batch, without a probe of its own (a compiled probe compiles every trial)."""
+    bench = _bench()
+    args = bench.parse([])
+    assert (args.presets, args.precisions, args.compile, args.warmup, args.steps,
+            args.budget_min, args.fp8_layers) == ("gpt2-124m", "bf16,te", "on", 10, 20, 9.5,
+                                                  "all")
+    assert len(bench.configurations(args)) == 2
+    full = bench.parse(["--full"])
+    assert len(bench.configurations(full)) == 12 and full.budget_min == 60
+    assert bench.parse(["--full", "--budget-min", "30"]).budget_min == 30
+    probe = bench.probe_args("gpt2-124m", "bf16", args, "d")
+    assert {"--plan-only", "--auto_batch_size", "--compile=false", "--no_fp8",
+            "--precision=bf16", "--max_batch_size=64"} <= set(probe)
+    te = bench.train_args(dict(preset="gpt2-124m", precision="te", compile=True), args, "d", 48)
+    assert {"--batch_size=48", "--gradient_accumulation_steps=1", "--compile=true", "--use_fp8",
+            "--fp8_backend=te", "--fp8_fallback=error", "--fp8_layers=all",
+            "--precision=bf16"} <= set(te)
+    assert not any(a.startswith("--auto_batch_size") for a in te)
+    assert bench.base_precision("te", args) == "bf16" and bench.base_precision("fp32", args) == \
+        "fp32"
 
 
 def test_synthetic_stream_is_fixed_and_learnable():

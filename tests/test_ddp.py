@@ -69,6 +69,14 @@ def test_every_rank_ends_with_the_same_parameters(ddp_run):
     assert any(not torch.equal(init[k], p0[k]) for k in p0)
 
 
+def test_ddp_keeps_gradients_in_its_buckets_and_does_not_rebroadcast_buffers(ddp_run):
+    """Gradients as views of DDP's all-reduce buckets (no second copy of every gradient, which
+    the micro-batch probe does not model) and no broadcast of every buffer before every forward
+    (the model's buffers, its RoPE tables, are the same on every rank; this run is fp32)."""
+    for rank in ddp_run["ranks"]:
+        assert rank["options"] == dict(gradient_as_bucket_view=True, broadcast_buffers=False)
+
+
 def test_gradients_are_all_reduced_only_on_the_last_micro_step(ddp_run):
     """Gradient accumulation runs the first ACCUM - 1 micro-steps under no_sync: no all-reduce;
     the last one syncs, one all-reduce per gradient bucket, the same on every rank. (DDP
@@ -138,7 +146,7 @@ def _drive(out_dir: str, argv: list) -> int:
     from fp8train import data
     from fp8train.cli import main
 
-    seen = dict(model=None, init=None, allreduces=0, micro=[], batches=[])
+    seen = dict(model=None, init=None, options=None, allreduces=0, micro=[], batches=[])
 
     def counting_allreduce(state, bucket):
         seen["allreduces"] += 1
@@ -152,6 +160,8 @@ def _drive(out_dir: str, argv: list) -> int:
             if isinstance(obj, DistributedDataParallel):
                 obj.register_comm_hook(None, counting_allreduce)
                 seen["model"] = obj
+                seen["options"] = dict(gradient_as_bucket_view=obj.gradient_as_bucket_view,
+                                       broadcast_buffers=obj.broadcast_buffers)
                 seen["init"] = {k: v.detach().clone() for k, v in obj.module.state_dict().items()}
         return result
 
@@ -177,7 +187,8 @@ def _drive(out_dir: str, argv: list) -> int:
     model = seen["model"].module
     torch.save(dict(rc=rc, params={k: v.detach().clone() for k, v in model.state_dict().items()},
                     init_params=seen["init"], micro=seen["micro"],
-                    allreduces=seen["allreduces"], batches=torch.stack(seen["batches"])),
+                    allreduces=seen["allreduces"], batches=torch.stack(seen["batches"]),
+                    options=seen["options"]),
                os.path.join(out_dir, f"rank{os.environ['RANK']}.pt"))
     return rc
 

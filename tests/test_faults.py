@@ -230,11 +230,11 @@ def test_a_skipped_step_leaves_parameters_and_adam_untouched():
     step(float("inf"))
     assert all(torch.equal(a, b) for a, b in zip(before, model.parameters()))
     assert all(torch.equal(adam[k], opt.state[model.weight][k]) for k in adam)  # step count too
-    assert health.worst_streak() == 2 and health.in_streak()
+    assert health.worst.item() == 2 and health.in_streak()
     step(1.0)
-    assert not health.in_streak() and health.worst_streak() == 2
-    loss_mean, _, bad, loss_max = health.interval().tolist()
-    assert (loss_mean, bad, loss_max) == (1.0, 2.0, 1.0)
+    assert not health.in_streak()
+    loss_mean, _, bad, loss_max, worst = health.interval().tolist()
+    assert (loss_mean, bad, loss_max, worst) == (1.0, 2.0, 1.0, 2.0)
 
 
 def test_loss_spike_detection():

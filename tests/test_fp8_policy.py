@@ -260,6 +260,23 @@ def test_timer_steps_run_the_backends_converted_layer_forward_and_backward(name)
         assert (trial.state.scale != 1).all()
 
 
+@pytest.mark.parametrize("compile_", [False, True])
+def test_timer_steps_are_compiled_when_the_run_compiles(compile_):
+    """torchao's casts (and the native ones) pay off only fused: timing them eagerly for a
+    compiled run would keep layers in high precision that win there. Both variants of a shape
+    run as the run will: compiled with the run's compile_mode, or eager."""
+    from torch._dynamo.eval_frame import OptimizedModule
+    prec = build_precision(Config(use_fp8=True, fp8_backend="native", compile=compile_),
+                           CPU, warn=pytest.fail)
+    steps = [policy._base_step(WINS, prec.base, CPU, 32, prec.cfg),
+             policy._fp8_step(WINS, prec, CPU, 32)]
+    for step in steps:
+        assert isinstance(step.layer, OptimizedModule) == compile_
+    steps[1]()                      # the FP8 layer really runs that way (CPU: emulated)
+    settings = policy.backend_settings(prec)
+    assert ("compile_mode" in settings) == compile_   # eager and compiled timings cached apart
+
+
 def test_timing_loop_warms_up_alternates_and_takes_the_median(monkeypatch):
     clock, order = [0.0], []
 

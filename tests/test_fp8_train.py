@@ -49,6 +49,33 @@ def test_fp8_backends_train_on_cpu_and_log_scale_factors(tmp_path, backend):
     assert not [r for r in rows(out) if "val/loss" in r and "fp8/amax" in r]
 
 
+@pytest.fixture(scope="module")
+def fp32_run(tmp_path_factory):
+    out = tmp_path_factory.mktemp("fp32")
+    r = run_train(*tiny_args(out))
+    assert r.returncode == 0, r.stderr[-3000:]
+    return out
+
+
+@pytest.mark.parametrize("backend", ["native", "torchao"])
+def test_fp8_with_no_layer_converted_trains_as_the_base_precision(tmp_path, fp32_run, backend):
+    """fp8_layers: auto on a GPU may keep every layer of a small model in bf16, and a user may
+    exclude them all: FP8 then does nothing, and the run must be the base-precision run (the
+    same losses, bit for bit), say so once, and log no fp8/ metrics."""
+    if backend == "torchao":
+        pytest.importorskip("torchao")
+    out = tmp_path / backend
+    r = run_train(*tiny_args(out), "--use_fp8", f"--fp8_backend={backend}", "--fp8_layers=all",
+                  "--fp8_exclude=[blocks.*, lm_head]")
+    assert r.returncode == 0, r.stderr[-3000:]
+    said = (r.stdout + r.stderr).count("converted none of the model's 8 Linear layers")
+    assert said == 1, r.stdout + r.stderr
+    assert derived(out)["fp8_layers"] == 0
+    assert not [k for row in rows(out) for k in row if k.startswith("fp8/")]
+    got = [(x["step"], x["train/loss"]) for x in train_rows(out)]
+    assert got == [(x["step"], x["train/loss"]) for x in train_rows(fp32_run)]
+
+
 def test_fp8_losses_track_fp32(tmp_path):
     """80 steps of the tiny model at LR 1e-3: native FP8 (hybrid, delayed scaling) and torchao
     tensorwise follow the fp32 loss curve within 3% at every logged step, and end within 1.5% in

@@ -52,7 +52,8 @@ def test_peak_table_matches_device_names(name, peak):
 
 
 @pytest.mark.parametrize("name", ["NVIDIA GeForce RTX 4090", "NVIDIA L40S", "NVIDIA GB200", "cpu",
-                                  None])
+                                  None, "NVIDIA H100 80GB HBM3 MIG 3g.40gb",
+                                  "NVIDIA A100-SXM4-40GB MIG 1g.5gb"])
 def test_unknown_device_gets_no_mfu_rather_than_a_guess(name):
     assert peak_flops(name) is None
     row = throughput(1024, 1, 0.5, 1, GPT2_124M_FLOPS, peak_flops(name))
@@ -65,3 +66,8 @@ def test_the_peak_used_is_named_and_fp8_runs_are_labelled():
         "MFU against the H200 SXM bf16 dense peak, 989.4 TFLOP/s"
     assert "FP8 run: MFU is against the bf16 peak" in peak_note("NVIDIA H200", fp8=True)
     assert "GH200" in peak_note("NVIDIA GH200 480GB", fp8=False)
+
+
+def test_a_mig_slice_is_not_measured_against_the_whole_gpus_peak():
+    assert "MIG slice" in peak_note("NVIDIA H100 80GB HBM3 MIG 3g.40gb", fp8=True)
+    assert peak_flops("NVIDIA H100 80GB HBM3") == 989.4e12   # the whole GPU still has one

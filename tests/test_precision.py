@@ -1,6 +1,7 @@
 """FP8 numerics on CPU: the native Linear against fp32 matmuls, TE's delayed-scaling semantics
 checked step by step against a plain-Python reference, the hybrid format, layer selection, the
 TE recipe as TE's own class builds it, and torchao's conversion."""
+import contextlib
 import math
 import os
 import sys
@@ -293,6 +294,81 @@ def test_every_fp8_key_reaches_te_delayed_scaling_as_given(fmt, margin, hist, al
     assert r.reduce_amax is True
 
 
+class StubTE:
+    """transformer_engine.pytorch as convert() and the contexts use it. TE cannot be imported
+    without CUDA, so its modules are stood in for by plain Linears; the recipe objects are TE's
+    own, from its wheel."""
+    class Linear(nn.Linear):
+        def __init__(self, i, o, bias=True, params_dtype=None, device=None):
+            super().__init__(i, o, bias=bias, dtype=params_dtype, device=device)
+
+    @staticmethod
+    def checkpoint(block, x, use_reentrant):
+        return block(x)
+
+    @staticmethod
+    def autocast(enabled, recipe):
+        StubTE.entered.append((enabled, recipe))
+        return contextlib.nullcontext()
+
+    entered: list = []
+
+
+def te_on_cpu(**cfg_kw):
+    """A TE backend as unavailable() leaves it on a GPU, with the stand-in for TE's modules."""
+    prec = te_backend.TransformerEngine(Config(use_fp8=True, fp8_backend="te", **cfg_kw),
+                                        build_precision(Config(), CPU, pytest.fail))
+    prec.te, prec.recipes = StubTE, te_recipe_module()
+    return prec
+
+
+def test_te_margin_raised_after_a_rollback_reaches_the_recipe_te_reads():
+    """TE registers each module's amax/scale buffers once, with the recipe object its autocast
+    was entered with, and its fused scale update reads `margin` from that object
+    (FP8GlobalStateManager.autocast_arguments). A rollback's margin + 1 must therefore change
+    that very object, never replace it."""
+    prec = te_on_cpu(fp8_margin=1)
+    prec.convert(tiny_model())
+    recipe = prec.recipe
+    assert recipe.margin == 1 and recipe.reduce_amax is True   # the real run all-reduces amaxes
+    StubTE.entered.clear()
+    with prec.forward_context(training=True):
+        pass
+    assert StubTE.entered == [(True, recipe)]
+    assert prec.recover("margin") == "fp8_margin 1 -> 2"
+    assert prec.recipe is recipe and recipe.margin == 2
+    assert "margin=2" in repr(recipe)     # TE's cached repr (its buffer keys) follows the change
+    prec.reapply(margin_added=3, fp8_off=False)    # a resume after three rollbacks
+    assert prec.recipe is recipe and recipe.margin == 4 and "margin=4" in prec.describe()
+    with prec.forward_context(training=True):
+        pass
+    assert StubTE.entered[-1] == (True, recipe)
+
+
+def test_te_margin_of_a_resumed_run_is_in_the_recipe_from_the_start():
+    prec = te_on_cpu(fp8_margin=0)
+    prec.reapply(margin_added=2, fp8_off=False)    # on resume, before any conversion
+    prec.convert(tiny_model())
+    assert prec.recipe.margin == 2 and prec.margin_added == 2
+
+
+def test_te_trials_do_not_all_reduce_and_are_forgotten(monkeypatch):
+    """The micro-batch probe and fp8_layers auto's timing run different trials on each rank:
+    their TE recipe must not all-reduce amaxes (ranks in different collectives hang), and the
+    trial modules must leave TE's process-wide amax buffers (FP8GlobalStateManager.reset(),
+    stood in for here: TE cannot be imported without CUDA)."""
+    resets = []
+    monkeypatch.setattr(te_backend, "global_state_manager",
+                        lambda: types.SimpleNamespace(reset=lambda: resets.append(1)))
+    trial = te_on_cpu().for_trials()
+    trial.convert(tiny_model())
+    assert trial.recipe.reduce_amax is False
+    trial.reset_trials()
+    assert resets == [1]
+    timing = te_on_cpu().timing_copy()
+    assert timing.reduce_amax is False
+
+
 def test_te_falls_back_on_cpu_or_stops_when_told():
     warnings = []
     prec = build_precision(Config(use_fp8=True, fp8_backend="te"), CPU, warnings.append)
@@ -405,3 +481,18 @@ def test_te_recipe_takes_the_raised_margin():
     cfg = Config(use_fp8=True, fp8_margin=1)
     assert te_backend.build_recipe(cfg, recipe_mod, margin=3).margin == 3
     assert te_backend.recipe_kwargs(cfg, 2)["margin"] == 2
+
+
+@pytest.mark.parametrize("compile_", [False, True])
+def test_torchao_on_a_gpu_without_compile_is_called_out(compile_):
+    """torchao float8 is slower than bf16 uncompiled (its casts are separate kernels): a GPU run
+    without compile is told once. Emulated on CPU it is numerics only and says so already."""
+    pytest.importorskip("torchao")
+    prec = build_precision(Config(use_fp8=True, fp8_backend="torchao", compile=compile_), CPU,
+                           warn=pytest.fail)
+    prec.convert(tiny_model())
+    assert prec.cautions() == []                     # CPU: emulated
+    prec.emulate = False                             # as on a GPU (which CI does not have)
+    said = prec.cautions()
+    assert len(said) == (0 if compile_ else 1)
+    assert all("set compile: true" in c for c in said)

@@ -80,6 +80,14 @@ class TorchAO(Fp8Backend):
             for m in self.modules.values():
                 del m.forward
 
+    def cautions(self) -> list:
+        out = super().cautions()
+        if not self.emulate and not self.cfg.compile and self.selection.chosen:
+            out.append("torchao float8 without compile: its casts to FP8 run as separate "
+                       "kernels around every GEMM, which usually makes the converted layers "
+                       "slower than bf16; set compile: true")
+        return out
+
     def describe(self) -> str:
         how = "emulated on CPU: numerics only, no speed-up" if self.emulate else "CUDA"
         return (f"FP8 torchao ({how}); recipe {self.cfg.fp8_recipe}, dynamic scaling "

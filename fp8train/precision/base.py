@@ -22,6 +22,10 @@ class Precision:
     fallback_from: Optional[str] = None  # set when FP8 was asked for and could not run
     margin_added = 0              # recovery remedies in effect (see recover)
     disabled = False
+    # Whether DDP must broadcast the model's buffers from rank 0 before every forward: only for
+    # a backend whose buffers hold state the ranks must share and that it does not synchronise
+    # itself. The model's own buffers (RoPE tables) are the same on every rank.
+    ddp_broadcast_buffers = False
 
     def unavailable(self, device: torch.device) -> Optional[str]:
         """Why this backend cannot run on `device`, or None when it can."""
@@ -39,6 +43,18 @@ class Precision:
     def convert(self, model: nn.Module) -> nn.Module:
         """Change the model in place before Accelerate prepares it; returns it."""
         return model
+
+    def for_trials(self) -> "Precision":
+        """This backend set up for throw-away trials that each rank runs on its own (the
+        micro-batch probe, fp8_layers auto's timing): no collectives across ranks, since the
+        ranks' trials differ in number and size (a trial that runs out of memory stops part-way).
+        Returns self."""
+        return self
+
+    def reset_trials(self) -> None:
+        """Forget what throw-away trials left in process-wide state (Transformer Engine registers
+        every FP8 module it runs in global amax buffers that its scale update walks at every
+        step). Called after each trial, before the real model is converted."""
 
     def after_prepare(self, accelerator) -> None:
         """Called once the model and optimizer went through accelerator.prepare()."""
@@ -73,6 +89,11 @@ class Precision:
 
     def describe(self) -> str:
         return self.name
+
+    def cautions(self) -> list:
+        """What the run must be told once, after `convert`: settings that make this backend
+        slower than it should be, or FP8 asked for where it does nothing."""
+        return []
 
     def derived(self) -> dict:
         """What config.yaml (and W&B) record as the precision actually used."""
@@ -192,7 +213,7 @@ class Fp8Backend(Precision):
         before `convert`, as for any backend."""
         cfg = dataclasses.replace(self.cfg, fp8_layers="all", fp8_min_layer_size=0,
                                   fp8_exclude=[], fp8_log_layers=False)
-        return type(self)(cfg, self.base)
+        return type(self)(cfg, self.base).for_trials()
 
     def device_gate(self, device: torch.device, cpu_emulation: bool) -> Optional[str]:
         if device.type == "cuda":
@@ -247,6 +268,13 @@ class Fp8Backend(Precision):
 
     def stats(self) -> "OrderedDict[str, torch.Tensor]":
         return self.recorder.stats.collect()
+
+    def cautions(self) -> list:
+        if self.selection is not None and not self.selection.chosen:
+            return [f"FP8 ({self.label}) converted none of the model's "
+                    f"{self.selection.total} Linear layers (the line above says why): the run "
+                    f"trains in {self.base.name} throughout and logs no fp8/ metrics"]
+        return []
 
     def derived(self) -> dict:
         emulated = " (emulated on CPU)" if self.emulate else ""

@@ -27,7 +27,6 @@ where FP8 is faster by at least fp8_auto_margin; layers that share a shape share
 from __future__ import annotations
 
 import contextlib
-import gc
 import importlib
 import os
 import statistics
@@ -39,7 +38,9 @@ from typing import Callable, Optional
 import torch
 from torch import nn
 
+from ..autobatch import release_memory
 from ..keyed_cache import read_entry, write_entry
+from ..model import compiled
 from .layers import select_linears, shape_of
 
 CACHE_FILE = "fp8_layers.json"
@@ -203,6 +204,8 @@ def backend_settings(backend) -> dict:
         {"fp8_format": cfg.fp8_format}
     if backend.base.name == "fp32":
         out["tf32"] = cfg.tf32
+    if cfg.compile:   # timed as the run executes: compiled
+        out["compile_mode"] = cfg.compile_mode
     return out
 
 
@@ -286,21 +289,22 @@ def cuda_timer(backend, device: torch.device, tokens: int, warmup: int = 3, repe
                iters: int = 10) -> Timer:
     """time_shape for a GPU: one fresh Linear of the shape in the base precision (autocast as
     Accelerate runs it, fp32 master weights) and one converted by a timing copy of `backend`,
-    each fed `tokens` rows. After `warmup` steps of each, `repeats` rounds alternate between the
-    two (so clock changes hit both alike), each timing `iters` steps with CUDA events; a step
-    is forward, backward and the backend's after_backward, as in the training loop. The result
-    is the median seconds per step of each. The RNG is left as it was."""
+    each fed `tokens` rows, both compiled when the run compiles. After `warmup` steps of each
+    (compilation included), `repeats` rounds alternate between the two (so clock changes hit
+    both alike), each timing `iters` steps with CUDA events; a step is forward, backward and the
+    backend's after_backward, as in the training loop. The result is the median seconds per
+    step of each. The RNG is left as it was."""
 
     def time_shape(shape: Shape) -> "tuple[float, float]":
         with torch.random.fork_rng(devices=[device]), torch.cuda.device(device):
-            steps = [_base_step(shape, backend.base, device, tokens),
+            steps = [_base_step(shape, backend.base, device, tokens, backend.cfg),
                      _fp8_step(shape, backend, device, tokens)]
             try:
                 base_s, fp8_s = _time_steps(steps, warmup, repeats, iters)
             finally:
                 del steps
-                gc.collect()
-                torch.cuda.empty_cache()
+                backend.reset_trials()     # the timing layer's TE state, before the real model
+                release_memory(device)     # and the run's peak memory starts afresh
         return base_s, fp8_s
 
     return time_shape
@@ -315,10 +319,11 @@ def _input(in_features: int, base, device: torch.device, tokens: int) -> torch.T
     return torch.randn(tokens, in_features, device=device, dtype=dtype, requires_grad=True)
 
 
-def _base_step(shape: Shape, base, device: torch.device, tokens: int) -> Callable[[], None]:
+def _base_step(shape: Shape, base, device: torch.device, tokens: int,
+               cfg=None) -> Callable[[], None]:
     i, o, bias = shape
     return _step(nn.Linear(i, o, bias=bias, device=device), _input(i, base, device, tokens),
-                 base, None)
+                 base, None, cfg)
 
 
 def _fp8_layer(shape: Shape, backend, device: torch.device) -> "tuple[object, nn.Module]":
@@ -336,23 +341,30 @@ def _fp8_layer(shape: Shape, backend, device: torch.device) -> "tuple[object, nn
 
 def _fp8_step(shape: Shape, backend, device: torch.device, tokens: int) -> Callable[[], None]:
     trial, layer = _fp8_layer(shape, backend, device)
-    return _step(layer, _input(shape[0], backend.base, device, tokens), backend.base, trial)
+    return _step(layer, _input(shape[0], backend.base, device, tokens), backend.base, trial,
+                 backend.cfg)
 
 
-def _step(layer: nn.Module, x: torch.Tensor, base, fp8) -> Callable[[], None]:
+def _step(layer: nn.Module, x: torch.Tensor, base, fp8, cfg=None) -> Callable[[], None]:
+    """One training step of `layer` as the run executes it: compiled when the run compiles
+    (`cfg`), since torchao's and the native casts pay off only fused; eager timings would keep
+    layers in high precision that win in the compiled run."""
     dtype = _autocast_dtype(base)
     grad: list = []
+    run = compiled(layer, cfg) if cfg is not None else layer
 
     def step() -> None:
-        autocast = torch.autocast("cuda", dtype=dtype) if dtype else contextlib.nullcontext()
+        autocast = torch.autocast(x.device.type, dtype=dtype) if dtype else \
+            contextlib.nullcontext()
         with autocast, (fp8.forward_context(training=True) if fp8 else contextlib.nullcontext()):
-            y = layer(x)
+            y = run(x)
         if not grad:
             grad.append(torch.randn_like(y))
         y.backward(grad[0])
         if fp8 is not None:
             fp8.after_backward()
 
+    step.layer = run   # what is timed (compiled or not)
     return step
 
 

@@ -53,15 +53,24 @@ class TransformerEngine(Fp8Backend):
 
     def __init__(self, cfg, base: Precision):
         super().__init__(cfg, base)
-        self.te = None
+        self.te = None            # transformer_engine.pytorch, once unavailable() imported it
+        self.recipes = None       # transformer_engine.common.recipe
         self.recipe = None
         self.modules: dict = {}
-        self.reduce_amax = True   # False in timing_copy
+        self.reduce_amax = True   # False for trials (for_trials)
 
-    def timing_copy(self) -> "TransformerEngine":
-        copy = super().timing_copy()
-        copy.reduce_amax = False
-        return copy
+    def for_trials(self) -> "TransformerEngine":
+        # With reduce_amax, every TE scale update all-reduces the amaxes over all ranks: in
+        # trials that differ per rank (one runs out of memory part-way), the ranks would enter
+        # different collectives and hang.
+        self.reduce_amax = False
+        return self
+
+    def reset_trials(self) -> None:
+        # The trial's modules stay in TE's process-wide amax buffers (registered once per module,
+        # never removed) and every later scale update would concatenate and reduce them.
+        if self.te is not None:
+            global_state_manager().reset()
 
     def unavailable(self, device: torch.device) -> Optional[str]:
         if device.type != "cuda":
@@ -75,7 +84,8 @@ class TransformerEngine(Fp8Backend):
             first = " ".join(str(e).split())[:200]
             return (f"transformer_engine cannot be imported ({type(e).__name__}: {first}); "
                     "pip install --no-build-isolation 'transformer_engine[pytorch]'")
-        self.te = te
+        from transformer_engine.common import recipe as recipes
+        self.te, self.recipes = te, recipes
         # TE refuses to unpickle its delayed-scaling state from a checkpoint unless told to;
         # the checkpoints resumed here are this run's own.
         os.environ.setdefault("NVTE_ALLOW_UNSAFE_PICKLE_EXTRA_STATE", "1")
@@ -83,7 +93,8 @@ class TransformerEngine(Fp8Backend):
 
     def convert(self, model: nn.Module) -> nn.Module:
         te = self.te
-        self.recipe = build_recipe(self.cfg, reduce_amax=self.reduce_amax)
+        self.recipe = build_recipe(self.cfg, self.recipes, margin=self.margin(),
+                                   reduce_amax=self.reduce_amax)
         for name in self.select(model):
             lin = model.get_submodule(name)
             new = te.Linear(lin.in_features, lin.out_features, bias=lin.bias is not None,
@@ -113,9 +124,14 @@ class TransformerEngine(Fp8Backend):
         return self._autocast(True)
 
     def raise_margin(self) -> bool:
-        # TE reads the recipe of the enclosing autocast at every scale update.
-        self.recipe = build_recipe(self.cfg, margin=self.margin() + 1,
-                                   reduce_amax=self.reduce_amax)
+        # Mutated in place, never replaced: TE registers each module's amax and scale buffers
+        # once, under the recipe it saw first, and its scale update reads the margin from that
+        # same recipe object (FP8GlobalStateManager.autocast_arguments). A new recipe object
+        # would change the log line and nothing else (TE's TODO #3157: same-class recipe
+        # changes mid-training are not picked up).
+        if self.recipe is None:   # not converted yet: the recipe is built with the margin
+            return True
+        self.recipe.margin = self.margin() + 1
         return True
 
     @contextlib.contextmanager
@@ -134,6 +150,16 @@ class TransformerEngine(Fp8Backend):
         kw = recipe_kwargs(self.cfg, self.margin())
         return ("FP8 Transformer Engine: DelayedScaling(" +
                 ", ".join(f"{k}={v}" for k, v in kw.items()) + ")")
+
+
+def global_state_manager():
+    """TE's FP8GlobalStateManager: in transformer_engine.pytorch.quantization in current TE,
+    in transformer_engine.pytorch.fp8 in older releases (a deprecated alias in current ones)."""
+    try:
+        from transformer_engine.pytorch.quantization import FP8GlobalStateManager
+    except ImportError:
+        from transformer_engine.pytorch.fp8 import FP8GlobalStateManager
+    return FP8GlobalStateManager
 
 
 def _te_scale(module, kind: str, amax: torch.Tensor) -> torch.Tensor:

@@ -1,4 +1,5 @@
-"""GPU checks: run only where CUDA is present (skipped in CI)."""
+"""GPU checks of the bf16 training loop: run only where CUDA is present (skipped in CI). Every
+run reads tinyshakespeare from disk and never downloads it (gpu_support.run_train)."""
 import json
 import os
 
@@ -6,10 +7,10 @@ import pytest
 import torch
 import yaml
 
-from conftest import run_train, tiny_args
+from conftest import tiny_args
+from gpu_support import needs_corpus, needs_cuda, run_train
 
-pytestmark = [pytest.mark.gpu,
-              pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")]
+pytestmark = [pytest.mark.gpu, needs_cuda, needs_corpus]
 
 
 def test_bf16_run_on_gpu_reports_memory_and_precision(tmp_path):
@@ -34,7 +35,8 @@ def test_bf16_run_on_gpu_reports_memory_and_precision(tmp_path):
 
 def test_resume_on_gpu_continues_the_step_count(tmp_path):
     out = tmp_path / "run"
-    assert run_train(*tiny_args(out, max_steps=6, lr_decay_steps=12)).returncode == 0
+    first = run_train(*tiny_args(out, max_steps=6, lr_decay_steps=12))
+    assert first.returncode == 0, first.stderr[-3000:]
     r = run_train(*tiny_args(out, max_steps=12, lr_decay_steps=12), "--resume")
-    assert r.returncode == 0 and "at step 6" in r.stdout
+    assert r.returncode == 0 and "at step 6" in r.stdout, r.stderr[-3000:]
     assert os.path.isdir(out / "checkpoints" / "step_0000012")
