@@ -88,15 +88,22 @@ class Probe:
 # cudaGetErrorString(cudaErrorMemoryAllocation); "the resource allocation failed" is
 # cublasGetStatusString(CUBLAS_STATUS_ALLOC_FAILED), which torch reports by its enum name.
 OOM_MESSAGES = ("out of memory", "cudaerrormemoryallocation", "cublas_status_alloc_failed",
-                "the resource allocation failed", "cudnn_status_alloc_failed")
+                "the resource allocation failed", "cudnn_status_alloc_failed",
+                "device_allocation_failed")   # cuDNN 9: ..._INTERNAL_ERROR_DEVICE_ALLOCATION_FAILED
 
 
 def is_out_of_memory(error: BaseException) -> bool:
-    """True when `error` says the device ran out of memory, whatever raised it."""
-    if isinstance(error, torch.OutOfMemoryError):
-        return True
-    text = str(error).lower()
-    return isinstance(error, RuntimeError) and any(m in text for m in OOM_MESSAGES)
+    """True when `error` says the device ran out of memory, whatever raised it, including an
+    error raised while handling (or from) one that does."""
+    seen = set()
+    while error is not None and id(error) not in seen:
+        seen.add(id(error))
+        if isinstance(error, torch.OutOfMemoryError) or (
+                isinstance(error, RuntimeError)
+                and any(m in str(error).lower() for m in OOM_MESSAGES)):
+            return True
+        error = error.__cause__ or error.__context__
+    return False
 
 
 def release_memory(device: Optional[torch.device] = None) -> None:

@@ -29,7 +29,9 @@ class Health:
     def step(self, grad_norm: torch.Tensor, loss: torch.Tensor,
              penalty: torch.Tensor) -> torch.Tensor:
         """Record one optimizer step; returns 1.0 (skip the update) or 0.0 as a device tensor."""
-        if hasattr(grad_norm, "full_tensor"):   # FSDP2: a replicated DTensor, the same everywhere
+        if hasattr(grad_norm, "full_tensor"):
+            # FSDP2: the norm is a DTensor (partial over the shards): every rank calls this, and
+            # gets the same value (one scalar all-reduce, no host sync).
             grad_norm = grad_norm.full_tensor()
         bad = ~torch.isfinite(grad_norm.detach().float())
         badf = bad.float()

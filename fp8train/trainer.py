@@ -434,6 +434,10 @@ class Loop:
         # same value on every rank), which DTensor takes as replicated inside this context.
         self.optimizer_context = _implicit_replication if \
             accelerator.distributed_type == "FSDP" else contextlib.nullcontext
+        # DDP keeps gradients as views of its all-reduce buckets (gradient_as_bucket_view) only
+        # while they exist: set to None, the next step's no_sync micro-steps would accumulate
+        # into fresh tensors, a second copy of every gradient until the syncing micro-step.
+        self.grads_to_none = accelerator.distributed_type not in ("MULTI_GPU", "MULTI_CPU")
         self.recovering_since = None  # the step of the last rollback until a checkpoint passes it
         self.last_remedy = ""
         self.batches = None
@@ -508,7 +512,7 @@ class Loop:
                 self.optimizer_inner.found_inf = skip   # the fused kernel skips it: no host sync
                 with self.optimizer_context():
                     self.opt.step()
-                self.opt.zero_grad(set_to_none=True)
+                self.opt.zero_grad(set_to_none=self.grads_to_none)
                 st.step += 1
                 st.tokens += self.tokens_per_step
                 st.data_position += self.plan.effective

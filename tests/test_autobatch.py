@@ -61,6 +61,7 @@ LIBRARY_OOMS = [
     "allocation failed",
     "CUDA error: CUBLAS_STATUS_ALLOC_FAILED when calling `cublasCreate(handle)`",
     "cuDNN Error: CUDNN_STATUS_ALLOC_FAILED. For more information, enable cuDNN error logging",
+    "cuDNN error: CUDNN_STATUS_INTERNAL_ERROR_DEVICE_ALLOCATION_FAILED",
 ]
 
 
@@ -81,6 +82,16 @@ def test_an_allocation_failure_inside_a_library_counts_as_not_fitting(message):
 def test_other_library_errors_are_not_out_of_memory(message):
     assert not autobatch.is_out_of_memory(RuntimeError(message))
     assert not autobatch.is_out_of_memory(ValueError("out of memory"))   # not from a device
+
+
+def test_an_out_of_memory_error_wrapped_in_another_is_recognised():
+    try:
+        try:
+            raise torch.OutOfMemoryError("CUDA out of memory. Tried to allocate 2.00 GiB")
+        except torch.OutOfMemoryError as e:
+            raise ValueError("a library's own error while handling it") from e
+    except ValueError as wrapped:
+        assert autobatch.is_out_of_memory(wrapped)
 
 
 def test_nothing_fits():

@@ -74,7 +74,8 @@ def test_ddp_keeps_gradients_in_its_buckets_and_does_not_rebroadcast_buffers(ddp
     the micro-batch probe does not model) and no broadcast of every buffer before every forward
     (the model's buffers, its RoPE tables, are the same on every rank; this run is fp32)."""
     for rank in ddp_run["ranks"]:
-        assert rank["options"] == dict(gradient_as_bucket_view=True, broadcast_buffers=False)
+        assert rank["options"] == dict(gradient_as_bucket_view=True, broadcast_buffers=False,
+                                       grads_are_bucket_views=True)
 
 
 def test_gradients_are_all_reduced_only_on_the_last_micro_step(ddp_run):
@@ -185,6 +186,11 @@ def _drive(out_dir: str, argv: list) -> int:
     data.BatchStream.next = watched_next
     rc = main(argv)
     model = seen["model"].module
+    # After the run's last step, are the gradients still the views of DDP's buckets (the loop's
+    # zero_grad keeps them) rather than tensors of their own?
+    seen["options"]["grads_are_bucket_views"] = all(
+        p.grad is not None and p.grad._base is not None
+        for p in model.parameters() if p.requires_grad)
     torch.save(dict(rc=rc, params={k: v.detach().clone() for k, v in model.state_dict().items()},
                     init_params=seen["init"], micro=seen["micro"],
                     allreduces=seen["allreduces"], batches=torch.stack(seen["batches"]),

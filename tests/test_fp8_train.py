@@ -221,8 +221,8 @@ def test_precision_requests_that_cannot_run_exit_2(tmp_path, extra, expected):
 
 @pytest.mark.slow
 def test_native_fp8_under_torch_compile(tmp_path):
-    """The FP8 GEMMs run eagerly inside the compiled model (their state updates are side
-    effects): same losses as without compile, up to kernel fusion rounding."""
+    """The FP8 Linears compile with the model (their state updates are in-place ops in the
+    graphs): same losses as without compile, up to kernel fusion rounding."""
     a, b = tmp_path / "eager", tmp_path / "compiled"
     fp8 = ["--use_fp8", "--fp8_backend=native"]
     assert run_train(*tiny_args(a), *fp8).returncode == 0
@@ -234,9 +234,11 @@ def test_native_fp8_under_torch_compile(tmp_path):
 
 
 def test_native_fp8_under_ddp_with_two_processes(tmp_path):
-    """torchrun, 2 CPU processes over gloo: the FP8 state (a model buffer) is rank 0's on every
-    rank, the scales are logged, and the losses follow the one-process run of the same
-    effective batch closely (not exactly: rank 0's amax covers half of each step's data)."""
+    """torchrun, 2 CPU processes over gloo: the FP8 amaxes are all-reduced over the ranks before
+    each update (tests/test_distributed_state.py checks the state itself), the scales are
+    logged, and the losses follow the one-process run of the same effective batch closely (not
+    exactly: there the scales move after each of the two micro-batches of a step, here once
+    per step, from the max over both ranks)."""
     import os
     import subprocess
     import sys

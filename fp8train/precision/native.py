@@ -9,15 +9,36 @@ backward GEMMs do not (as TE does).
 The state of every layer lives in one module (`model.fp8_state`): an amax history
 [history_len, layers, 3] and scales [layers, 3], columns (input, weight, grad_output). One update
 per micro-batch covers the whole model, and the state is saved and restored with the model's
-own tensors, so a resumed run continues with the same scales.
+own tensors, so a resumed run continues with the same scales. A model with no converted layer
+has an empty state ([history_len, 0, 3] and [0, 3], left out of checkpoints) and trains in its
+base precision.
+
+The layer is written for `torch.compile`: no graph break, no Python-side state change that a
+compiled graph could not replay. Each cast takes its tensor's amax (the one delayed scaling
+records for the next step) and the transposed copy that the backward GEMMs need in the same
+traced function (`cast_fp8`, what TE's cast-transpose kernel does), for the compiler to fuse.
+Amaxes go into the history, and the statistics of a watched step into a buffer
+(`fp8_state.watched`), through in-place tensor ops on state buffers, forward and backward alike,
+which torch.compile keeps in its graphs. Python flags that change what is traced (watching, FP8
+on or off) cost one recompilation each, never one per layer.
+
+Under gradient accumulation the backend (`Native`) casts each weight once per optimizer step,
+before the first micro-batch (eagerly, in `fp8_context`), and every micro-batch of the step
+reads that FP8 weight with the scale it was cast with (Transformer Engine's
+is_first_microbatch). A weight whose tensor changed in between (a rollback, a load) is cast
+again. The cache is kept out of checkpoints and out of DDP's buffer broadcast; it is off under
+FSDP (weights are sharded outside the forward) and without accumulation (nothing to reuse).
 
 On a CPU the GEMMs are emulated: the FP8 values are dequantized and multiplied in fp32, which
 gives the same numbers as `_scaled_mm` up to accumulation order (tested) at a usable speed.
-The state is rank 0's when data-parallel: DDP broadcasts buffers from rank 0 every forward
-(TE instead reduces amax across ranks)."""
+When data-parallel (DDP, FSDP), each micro-batch's amaxes are all-reduced (max) over the ranks
+before the update, as Transformer Engine's reduce_amax does: every rank holds the same state,
+computed from all the data, with no broadcast of buffers. The micro-batch probe's and the layer
+timing's trials do not reduce (they differ per rank)."""
 from __future__ import annotations
 
 import contextlib
+from collections import OrderedDict
 from typing import Optional
 
 import torch
@@ -29,6 +50,63 @@ from .layers import replace_module
 from .scaling import FORMATS, FP8_MAX, quant_stats, quantize, update_delayed_scaling
 
 INPUT, WEIGHT, GRAD_OUTPUT = 0, 1, 2
+
+# Columns of the watched-step buffer (fp8_state.watched), in the order LayerStats reports them.
+FWD_STATS = ("fwd_scale_input", "fwd_scale_weight", "amax_input", "amax_weight",
+             "saturated_input", "underflow_input", "saturated_weight", "underflow_weight")
+BWD_STATS = ("bwd_scale_grad_output", "amax_grad_output", "saturated_grad_output",
+             "underflow_grad_output")
+N_FWD = len(FWD_STATS)
+
+# accelerate's distributed types under which a layer's weight is whole between forwards.
+_WHOLE_WEIGHTS = ("NO", "MULTI_CPU", "MULTI_GPU", "MULTI_XPU", "MULTI_NPU", "MULTI_MLU")
+
+
+def cast_fp8(t: torch.Tensor, scale: torch.Tensor, dtype: torch.dtype, transpose: bool):
+    """(t * scale in `dtype`, row-major; its transpose, row-major, when `transpose`; t's amax
+    as fp32). One traced function, for a compiler to fuse; the amax is the one delayed scaling
+    records (the cast itself uses the scale from history)."""
+    q = quantize(t, scale, dtype).contiguous()  # a strided t (a transposed view) gives a copy
+    q_t = q.t().contiguous() if transpose else None
+    return q, q_t, cast_fp8_amax(t)
+
+
+def cast_fp8_amax(t: torch.Tensor) -> torch.Tensor:
+    """max |t| as fp32: one reduction on a GPU; on a CPU, vector_norm's kernel is slower than
+    abs and amax."""
+    return (t.abs().amax() if t.device.type == "cpu" else
+            torch.linalg.vector_norm(t, float("inf"))).float()
+
+
+def _finite(amax: torch.Tensor) -> torch.Tensor:
+    """A non-finite amax (a step whose update will be skipped) recorded as 0: in the history
+    it would freeze the scale for history_len steps."""
+    return torch.nan_to_num(amax, nan=0.0, posinf=0.0, neginf=0.0)
+
+
+class _WatchedStats(LayerStats):
+    """The per-layer statistics of a watched step, read from `fp8_state.watched` (written by the
+    layers, in compiled graphs too) for the layers that ran an FP8 training pass."""
+
+    def __init__(self, state: "Fp8State", per_layer: bool):
+        super().__init__(per_layer)
+        self.state = state
+
+    def clear(self) -> None:
+        super().clear()
+        seen = self.state.seen
+        for i in seen:
+            seen[i] = False
+
+    def collect(self) -> "OrderedDict[str, torch.Tensor]":
+        st = self.state
+        ran = [i for i, seen in st.seen.items() if seen]
+        if ran:
+            vals = st.watched.detach().clone()  # a snapshot: the layers keep writing the buffer
+            for i in ran:
+                row = self.rows.setdefault(st.names[i], {})
+                row.update({k: vals[i, j] for j, k in enumerate(FWD_STATS + BWD_STATS)})
+        return super().collect()
 
 
 class Fp8State(nn.Module):
@@ -42,20 +120,49 @@ class Fp8State(nn.Module):
         self.margin, self.algo, self.emulate = margin, algo, emulate
         self.register_buffer("amax_history", torch.zeros(history_len, n, 3))
         self.register_buffer("scale", torch.ones(n, 3))
-        fmax = [FP8_MAX[self.fwd_dtype], FP8_MAX[self.fwd_dtype], FP8_MAX[self.bwd_dtype]]
-        self.register_buffer("fp8_max", torch.tensor([fmax] * n), persistent=False)
+        fmax = torch.tensor([FP8_MAX[self.fwd_dtype], FP8_MAX[self.fwd_dtype],
+                             FP8_MAX[self.bwd_dtype]])
+        self.register_buffer("fp8_max", fmax.expand(n, 3).clone(), persistent=False)
+        # Statistics of the watched step, columns FWD_STATS + BWD_STATS; not state.
+        self.register_buffer("watched", torch.zeros(n, len(FWD_STATS) + len(BWD_STATS)),
+                             persistent=False)
         self.enabled = True       # False: the layers run as plain Linears (bf16 evaluation)
         self.watching = False
-        self.stats = LayerStats(per_layer_stats)
+        # Layer index -> recorded during the watch. Only ever stored to in a pass, never read
+        # there: torch.compile replays the store without guarding on the values.
+        self.seen = dict.fromkeys(range(n), False)
+        self.stats = _WatchedStats(self, per_layer_stats)
+        # True once Native.after_prepare set up the weight cache: the layers then read their
+        # FP8 weights from it (Fp8Linear.cast_weight fills it), instead of casting them.
+        self.cache_weights = False
+
+    # No converted layer: nothing to checkpoint. The two empty buffers stay out of the state
+    # dict, since empty tensors all share the null storage and accelerate's safetensors writer
+    # keeps one tensor of those that share a storage (a resume would then miss the other).
+    _EMPTY_SKIPPED = ("amax_history", "scale")
+
+    def _save_to_state_dict(self, destination, prefix, keep_vars):
+        super()._save_to_state_dict(destination, prefix, keep_vars)
+        if not self.names:
+            for name in self._EMPTY_SKIPPED:
+                destination.pop(prefix + name, None)
+
+    def _load_from_state_dict(self, state_dict, prefix, local_metadata, strict, missing_keys,
+                              unexpected_keys, error_msgs):
+        super()._load_from_state_dict(state_dict, prefix, local_metadata, strict, missing_keys,
+                                      unexpected_keys, error_msgs)
+        if not self.names:
+            for name in self._EMPTY_SKIPPED:
+                if prefix + name in missing_keys:
+                    missing_keys.remove(prefix + name)
 
     @torch.no_grad()
     def record(self, index: int, cols: slice, *amaxes: torch.Tensor) -> None:
         """Fold this pass's amax into the current history row (max, so that a recomputed forward
         under activation checkpointing records the same value, not a second one). A non-finite
-        amax (a step whose update will be skipped) is not recorded: in the history it would
-        freeze the scale for history_len steps."""
-        new = torch.stack([a.float() for a in amaxes])
-        new = torch.where(torch.isfinite(new), new, torch.zeros_like(new))
+        amax is recorded as 0. In-place tensor ops only: torch.compile keeps them in its graph,
+        in the backward too."""
+        new = _finite(torch.stack(amaxes) if len(amaxes) > 1 else amaxes[0].reshape(1))
         row = self.amax_history[0, index, cols]
         torch.maximum(row, new, out=row)
 
@@ -63,11 +170,13 @@ class Fp8State(nn.Module):
         self.watching = on
         if on:
             self.stats.clear()
+            self.watched.zero_()
 
     @torch.no_grad()
     def update(self) -> None:
-        update_delayed_scaling(self.amax_history, self.scale, self.fp8_max, self.margin,
-                               self.algo)
+        if self.scale.numel():  # no converted layer: nothing to update
+            update_delayed_scaling(self.amax_history, self.scale, self.fp8_max, self.margin,
+                                   self.algo)
 
 
 def fp8_mm(a: torch.Tensor, scale_a: torch.Tensor, b: torch.Tensor, scale_b: torch.Tensor,
@@ -80,64 +189,46 @@ def fp8_mm(a: torch.Tensor, scale_a: torch.Tensor, b: torch.Tensor, scale_b: tor
 
 
 class _Fp8Matmul(torch.autograd.Function):
+    """y = x @ w.t() from the FP8 operands cast outside (x2 and weight are inputs only for the
+    gradients). Backward casts grad_output, records its amax (and statistics when watched) into
+    the state's buffers, and runs the two backward GEMMs in FP8.
+
+    xq: x2 in FP8, row-major; x_t: its transpose, row-major (None when emulating);
+    wq: the weight in FP8 [N, K], row-major; w_t: its transpose [K, N], row-major (None when
+    emulating); s_in, s_w, s_g: the scales of this pass; meta: (index, record, watching,
+    bwd_dtype, emulate, out_dtype)."""
+
     @staticmethod
-    def forward(ctx, x, weight, layer, record):
-        st: Fp8State = layer.fp8_state
-        i = layer.fp8_index
-        dev = x.device.type
-        out_dtype = torch.get_autocast_dtype(dev) if torch.is_autocast_enabled(dev) else x.dtype
-        x2 = x.reshape(-1, x.shape[-1])
-        # Clones: the state is updated in place after this micro-batch, backward needs these.
-        s_in, s_w = st.scale[i, INPUT].clone(), st.scale[i, WEIGHT].clone()
-        xq = quantize(x2, s_in, st.fwd_dtype)
-        wq = quantize(weight, s_w, st.fwd_dtype)
-        if record:
-            a_in, a_w = x2.abs().amax(), weight.abs().amax()
-            st.record(i, slice(INPUT, WEIGHT + 1), a_in, a_w)
-            if st.watching:
-                sat_in, und_in = quant_stats(x2, s_in, st.fwd_dtype)
-                sat_w, und_w = quant_stats(weight, s_w, st.fwd_dtype)
-                st.stats.record(layer.fp8_name, fwd_scale_input=s_in, fwd_scale_weight=s_w,
-                                amax_input=a_in, amax_weight=a_w, saturated_input=sat_in,
-                                underflow_input=und_in, saturated_weight=sat_w,
-                                underflow_weight=und_w)
-        y = fp8_mm(xq, s_in, wq.t(), s_w, out_dtype, st.emulate, fast_accum=True)
-        ctx.save_for_backward(xq, wq, s_in, s_w)
-        ctx.layer, ctx.record = layer, record
-        ctx.x_shape, ctx.x_dtype, ctx.w_dtype = x.shape, x.dtype, weight.dtype
-        return y.reshape(*x.shape[:-1], y.shape[-1])
+    def forward(ctx, x2, weight, xq, x_t, wq, w_t, s_in, s_w, s_g, history, watched, meta):
+        emulate, out_dtype = meta[4], meta[5]
+        y = fp8_mm(xq, s_in, wq.t(), s_w, out_dtype, emulate, fast_accum=True)
+        # Column-major operands for the backward GEMMs: the transposed copies, seen transposed.
+        ctx.save_for_backward(xq if emulate else x_t.t(), wq if emulate else w_t.t(),
+                              s_in, s_w, s_g)
+        # Not saved tensors: the state buffers are written in place by the layers after this
+        # one, and this backward writes them again.
+        ctx.history, ctx.watched, ctx.meta = history, watched, meta
+        ctx.x_dtype, ctx.w_dtype = x2.dtype, weight.dtype
+        return y
 
     @staticmethod
     def backward(ctx, grad_out):
-        xq, wq, s_in, s_w = ctx.saved_tensors
-        layer = ctx.layer
-        st: Fp8State = layer.fp8_state
-        i = layer.fp8_index
+        x_cm, w_cm, s_in, s_w, s_g = ctx.saved_tensors
+        i, record, watching, bwd_dtype, emulate, _ = ctx.meta
+        # grad_out can be strided (a compiled backward, a transposed use of the output):
+        # _scaled_mm needs its first operand row-major, cast_fp8 makes it so.
         g2 = grad_out.reshape(-1, grad_out.shape[-1])
-        s_g = st.scale[i, GRAD_OUTPUT].clone()
-        gq = quantize(g2, s_g, st.bwd_dtype)
-        if ctx.record:
-            a_g = g2.abs().amax()
-            st.record(i, slice(GRAD_OUTPUT, GRAD_OUTPUT + 1), a_g)
-            if st.watching:
-                sat, und = quant_stats(g2, s_g, st.bwd_dtype)
-                st.stats.record(layer.fp8_name, bwd_scale_grad_output=s_g, amax_grad_output=a_g,
-                                saturated_grad_output=sat, underflow_grad_output=und)
-        emulate = st.emulate
-        # _scaled_mm wants its second operand column-major: transpose-copy-transpose.
-        w_cm = wq if emulate else wq.t().contiguous().t()
-        x_cm = xq if emulate else xq.t().contiguous().t()
-        gq_t = gq.t() if emulate else gq.t().contiguous()
+        gq, gq_t, a_g = cast_fp8(g2, s_g, bwd_dtype, transpose=not emulate)
+        if record:
+            row = ctx.history[0, i, GRAD_OUTPUT:]
+            torch.maximum(row, _finite(a_g).reshape(1), out=row)
+            if watching:
+                sat, und = quant_stats(g2, s_g, bwd_dtype)
+                ctx.watched[i, N_FWD:].copy_(torch.stack([s_g, a_g, sat, und]))
         grad_x = fp8_mm(gq, s_g, w_cm, s_w, ctx.x_dtype, emulate, fast_accum=False)
-        grad_w = fp8_mm(gq_t, s_g, x_cm, s_in, ctx.w_dtype, emulate, fast_accum=False)
-        return grad_x.reshape(ctx.x_shape), grad_w, None, None
-
-
-@torch.compiler.disable
-def _fp8_matmul(x, weight, layer, record):
-    # Eager under torch.compile: the state updates are side effects dynamo would recompile for
-    # every layer shape; the rest of the model still compiles around it.
-    return _Fp8Matmul.apply(x, weight, layer, record)
+        grad_w = fp8_mm(gq.t() if emulate else gq_t, s_g, x_cm, s_in, ctx.w_dtype, emulate,
+                        fast_accum=False)
+        return grad_x, grad_w, None, None, None, None, None, None, None, None, None, None
 
 
 class Fp8Linear(nn.Linear):
@@ -151,14 +242,69 @@ class Fp8Linear(nn.Linear):
         new.fp8_index, new.fp8_name = index, name
         # A plain attribute, not a submodule: the state is registered once, on the model root.
         object.__setattr__(new, "fp8_state", state)
+        new.fp8_weight = new.fp8_weight_t = new.fp8_weight_scale = new.fp8_weight_amax = None
         return new
 
+    def allocate_weight_cache(self) -> None:
+        """Tensors for the FP8 weight kept across the micro-batches of a step. Plain attributes,
+        not buffers: not state (no checkpoint), and DDP broadcasts every buffer each forward."""
+        st, w = self.fp8_state, self.weight
+        self.fp8_weight = torch.empty(w.shape, dtype=st.fwd_dtype, device=w.device)
+        self.fp8_weight_t = None if st.emulate else \
+            torch.empty(w.shape[::-1], dtype=st.fwd_dtype, device=w.device)
+        self.fp8_weight_scale = torch.ones((), device=w.device)
+        self.fp8_weight_amax = torch.zeros((), device=w.device)
+
+    @torch.no_grad()
+    def cast_weight(self) -> None:
+        """Cast the weight into the cache with the current scale (the same numbers as a cast
+        in forward: the conversion in copy_ rounds as .to() does)."""
+        st, w = self.fp8_state, self.weight.detach()
+        s_w = st.scale[self.fp8_index, WEIGHT]
+        fmax = FP8_MAX[st.fwd_dtype]
+        self.fp8_weight.copy_((w.float() * s_w).clamp_(-fmax, fmax))
+        if self.fp8_weight_t is not None:
+            self.fp8_weight_t.copy_(self.fp8_weight.t())
+        self.fp8_weight_scale.copy_(s_w)
+        self.fp8_weight_amax.copy_(cast_fp8_amax(w))
+
+    def _weight_fp8(self, st: Fp8State, s_w: torch.Tensor):
+        """(weight in FP8, its transpose or None, the scale it was cast with, its amax)."""
+        if st.cache_weights:
+            return self.fp8_weight, self.fp8_weight_t, self.fp8_weight_scale, \
+                self.fp8_weight_amax
+        wq, w_t, a_w = cast_fp8(self.weight.detach(), s_w, st.fwd_dtype,
+                                transpose=not st.emulate)
+        return wq, w_t, s_w, a_w
+
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        if not self.fp8_state.enabled:
+        st = self.fp8_state
+        if not st.enabled:
             return F.linear(x, self.weight, self.bias)
+        i = self.fp8_index
         # Only training passes move the scales; evaluation in FP8 reads them.
         record = self.training and torch.is_grad_enabled()
-        y = _fp8_matmul(x, self.weight, self, record)
+        dev = x.device.type
+        out_dtype = torch.get_autocast_dtype(dev) if torch.is_autocast_enabled(dev) else x.dtype
+        x2 = x.reshape(-1, x.shape[-1])
+        # A copy: the state is updated in place after this micro-batch, backward needs these.
+        scales = st.scale[i].clone()
+        s_in, s_g = scales[INPUT], scales[GRAD_OUTPUT]
+        xq, x_t, a_in = cast_fp8(x2.detach(), s_in, st.fwd_dtype, transpose=not st.emulate)
+        wq, w_t, s_w, a_w = self._weight_fp8(st, scales[WEIGHT])
+        if record:
+            st.record(i, slice(INPUT, WEIGHT + 1), a_in, a_w)
+            if st.watching:
+                st.seen[i] = True
+                sat_in, und_in = quant_stats(x2, s_in, st.fwd_dtype)
+                sat_w, und_w = quant_stats(self.weight, s_w, st.fwd_dtype)
+                with torch.no_grad():
+                    st.watched[i, :N_FWD].copy_(torch.stack(
+                        [s_in, s_w, a_in, a_w, sat_in, und_in, sat_w, und_w]))
+        meta = (i, record, st.watching, st.bwd_dtype, st.emulate, out_dtype)
+        y = _Fp8Matmul.apply(x2, self.weight, xq, x_t, wq, w_t, s_in, s_w, s_g,
+                             st.amax_history, st.watched, meta)
+        y = y.reshape(*x.shape[:-1], y.shape[-1])
         return y if self.bias is None else y + self.bias.to(y.dtype)
 
     def extra_repr(self) -> str:
@@ -168,6 +314,14 @@ class Fp8Linear(nn.Linear):
 class Native(Fp8Backend):
     """FP8 Linears on torch._scaled_mm (emulated on CPU), TE delayed-scaling semantics."""
     label = "native"
+    # Every rank holds the same FP8 state: the amaxes are all-reduced (max) before each update,
+    # as Transformer Engine's reduce_amax does, so DDP need not broadcast it.
+    ddp_broadcast_buffers = False
+    reduce_amax = True      # False for trials (for_trials): they differ per rank
+
+    def for_trials(self) -> "Native":
+        self.reduce_amax = False
+        return self
 
     def unavailable(self, device: torch.device) -> Optional[str]:
         if not hasattr(torch, "_scaled_mm"):
@@ -179,13 +333,46 @@ class Native(Fp8Backend):
         names = self.select(model)
         self.state = Fp8State(names, cfg.fp8_format, cfg.fp8_amax_history_len, cfg.fp8_margin,
                               cfg.fp8_amax_compute_algo, self.emulate, cfg.fp8_log_layers)
-        self.state.to(next(model.parameters()).device)
+        param = next(model.parameters(), None)
+        if param is not None:
+            self.state.to(param.device)
+        self.layers = []
         for i, name in enumerate(names):
-            replace_module(model, name, Fp8Linear.from_linear(model.get_submodule(name),
-                                                             self.state, i, name))
+            layer = Fp8Linear.from_linear(model.get_submodule(name), self.state, i, name)
+            replace_module(model, name, layer)
+            self.layers.append(layer)
         model.fp8_state = self.state
         self.recorder = self.state
+        self.accelerator = None
+        self.cast_versions: Optional[list] = None  # the weights the cache was cast from
+        self.new_step = True
         return model
+
+    def after_prepare(self, accelerator) -> None:
+        """With gradient accumulation and whole weights, cast each weight once per step."""
+        kind = getattr(accelerator, "distributed_type", "NO")
+        if not self.layers or getattr(accelerator, "gradient_accumulation_steps", 1) < 2 or \
+                getattr(kind, "value", kind) not in _WHOLE_WEIGHTS:
+            return
+        self.accelerator = accelerator
+        for layer in self.layers:
+            layer.allocate_weight_cache()
+        self.state.cache_weights = True
+
+    def _weight_versions(self) -> list:
+        return [(id(lay.weight), lay.weight._version) for lay in self.layers]
+
+    def fp8_context(self):
+        """Before the first FP8 pass of a step, and after a weight changed in between (a
+        rollback, a load), the weights are cast into the cache: eagerly, outside any compiled
+        graph, which then has a single variant that reads the cache."""
+        if self.state.cache_weights:
+            versions = self._weight_versions()
+            if self.new_step or versions != self.cast_versions:
+                for layer in self.layers:
+                    layer.cast_weight()
+                self.cast_versions, self.new_step = versions, False
+        return contextlib.nullcontext()
 
     @contextlib.contextmanager
     def high_precision(self):
@@ -197,7 +384,14 @@ class Native(Fp8Backend):
 
     def after_backward(self) -> None:
         if not self.disabled:
+            if self.reduce_amax and _world_size() > 1:
+                # The amax over every rank's data of this micro-batch (one small all-reduce of
+                # [layers, 3] values), so that every rank computes the same scales.
+                torch.distributed.all_reduce(self.state.amax_history[0],
+                                             op=torch.distributed.ReduceOp.MAX)
             self.state.update()
+        if self.accelerator is not None and self.accelerator.sync_gradients:
+            self.new_step = True  # the optimizer steps next: the next pass casts the weights
 
     def raise_margin(self) -> bool:
         self.state.margin += 1
@@ -209,3 +403,8 @@ class Native(Fp8Backend):
         return (f"FP8 native ({how}); delayed scaling, {self.cfg.fp8_format}, margin "
                 f"{self.margin()}, amax history {self.cfg.fp8_amax_history_len} "
                 f"({self.cfg.fp8_amax_compute_algo})")
+
+
+def _world_size() -> int:
+    dist = torch.distributed
+    return dist.get_world_size() if dist.is_available() and dist.is_initialized() else 1

@@ -304,6 +304,10 @@ def cuda_timer(backend, device: torch.device, tokens: int, warmup: int = 3, repe
             finally:
                 del steps
                 backend.reset_trials()     # the timing layer's TE state, before the real model
+                if backend.cfg.compile:
+                    # Compiled timing layers (and, under reduce-overhead / max-autotune, their
+                    # CUDA graph pools) are held by dynamo until it forgets them.
+                    torch.compiler.reset()
                 release_memory(device)     # and the run's peak memory starts afresh
         return base_s, fp8_s
 

@@ -68,7 +68,10 @@ class TransformerEngine(Fp8Backend):
 
     def reset_trials(self) -> None:
         # The trial's modules stay in TE's process-wide amax buffers (registered once per module,
-        # never removed) and every later scale update would concatenate and reduce them.
+        # never removed) and every later scale update would concatenate and reduce them. Only
+        # before the real model's first FP8 forward: after it, a reset would drop the real
+        # modules' buffers while they keep their "registered" marker, and their scales would
+        # silently stop updating.
         if self.te is not None:
             global_state_manager().reset()
 
@@ -124,11 +127,16 @@ class TransformerEngine(Fp8Backend):
         return self._autocast(True)
 
     def raise_margin(self) -> bool:
-        # Mutated in place, never replaced: TE registers each module's amax and scale buffers
-        # once, under the recipe it saw first, and its scale update reads the margin from that
-        # same recipe object (FP8GlobalStateManager.autocast_arguments). A new recipe object
-        # would change the log line and nothing else (TE's TODO #3157: same-class recipe
-        # changes mid-training are not picked up).
+        # Mutated in place, never replaced. TE registers each module's amax and scale buffers
+        # once, under a key made from the recipe's repr at its first FP8 forward, and its scale
+        # update looks the recipe up by that key (FP8GlobalStateManager.autocast_arguments,
+        # filled at autocast entry) and passes its `margin` to the fused update. That entry is
+        # this very object, so it sees the new margin (the repr, and so the key of later
+        # autocast entries, changes too; the registered buffers keep the old key). A new recipe
+        # object would change the log line and nothing else (TE's TODO #3157: same-class recipe
+        # changes mid-training are not picked up). A rollback's load_state puts the checkpoint's
+        # unpickled recipe into each module's fp8_meta; the next FP8 forward replaces it with
+        # this one, since the two now differ.
         if self.recipe is None:   # not converted yet: the recipe is built with the margin
             return True
         self.recipe.margin = self.margin() + 1
