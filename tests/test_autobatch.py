@@ -94,6 +94,42 @@ def test_an_out_of_memory_error_wrapped_in_another_is_recognised():
         assert autobatch.is_out_of_memory(wrapped)
 
 
+def test_discovery_releases_memory_and_restarts_the_peak_after_its_trials(tmp_path, monkeypatch):
+    """The run's system/gpu_memory_peak_gb must describe the run, not the probe's largest
+    (often failed) trial: after the last trial, discovery frees the cache and restarts the
+    peak statistics of its device."""
+    events = []
+    monkeypatch.setattr(autobatch, "release_memory",
+                        lambda device=None: events.append(("release", device)))
+
+    def trial(micro):
+        events.append(("trial", micro))
+        return oom_above(5)(micro)
+
+    cfg = Config(max_batch_size=8, probe_memory_limit_gb=1.0, output_dir=str(tmp_path))
+    fit = autobatch.discover(cfg, trial, {"k": 1}, torch.device("cpu"), 0, 1, True, print)
+    assert fit.micro == 5
+    trials = [e for e in events if e[0] == "trial"]
+    assert len(trials) >= 4
+    # each trial is followed by a release (Probe.fits), and the search by one for the device
+    assert events[-1] == ("release", torch.device("cpu"))
+    assert events.index(trials[-1]) < len(events) - 1
+
+
+def test_releasing_memory_restarts_the_cuda_peak(monkeypatch):
+    """The CUDA side of release_memory, with torch.cuda stood in for (no GPU here)."""
+    calls = []
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    monkeypatch.setattr(torch.cuda, "empty_cache", lambda: calls.append("empty_cache"))
+    monkeypatch.setattr(torch.cuda, "reset_peak_memory_stats",
+                        lambda device=None: calls.append(("reset_peak", device)))
+    autobatch.release_memory()                       # after one trial: the cache only
+    assert calls == ["empty_cache"]
+    cuda = torch.device("cuda", 0)
+    autobatch.release_memory(cuda)                   # after the search: the peak too
+    assert calls[1:] == ["empty_cache", ("reset_peak", cuda)]
+
+
 def test_nothing_fits():
     assert search_max_batch(Probe(oom_above(0), 1e12).fits, 64) == 0
 
