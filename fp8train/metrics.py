@@ -46,10 +46,10 @@ def _peak_entry(device_name: Optional[str]):
 
 def peak_note(device_name: Optional[str], fp8: bool) -> str:
     """Which peak train/mfu is measured against, said once at start and kept in config.yaml."""
-    found = _peak_entry(device_name)
     if is_mig(device_name):
         return (f"no MFU: '{device_name}' is a MIG slice, and the peak table holds whole GPUs; "
                 "tokens/s is still measured")
+    found = _peak_entry(device_name)
     if found is None or found[2] is None:
         return (f"no MFU: '{device_name}' is not in the peak table (H100/H200/GH200/B200/"
                 "A100); tokens/s is still measured")

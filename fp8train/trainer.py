@@ -120,10 +120,10 @@ def train(cfg: Config) -> int:
         torch.backends.cuda.matmul.allow_tf32 = True
         torch.backends.cudnn.allow_tf32 = True
     # DDP: gradients live in the all-reduce buckets (no second copy of every gradient, which
-    # the micro-batch probe does not model), and buffers are broadcast only when the precision
-    # backend needs it (a broadcast of every buffer before every forward otherwise).
-    ddp = DistributedDataParallelKwargs(gradient_as_bucket_view=True,
-                                        broadcast_buffers=prec.ddp_broadcast_buffers)
+    # the micro-batch probe does not model), and no broadcast of every buffer before every
+    # forward: the model's buffers (RoPE tables) are the same on every rank, and the FP8
+    # backends with state keep it in agreement themselves (TE and native reduce their amaxes).
+    ddp = DistributedDataParallelKwargs(gradient_as_bucket_view=True, broadcast_buffers=False)
     accelerator = Accelerator(
         cpu=cpu,
         gradient_accumulation_steps=plan.accum if plan else 1,

@@ -22,10 +22,6 @@ class Precision:
     fallback_from: Optional[str] = None  # set when FP8 was asked for and could not run
     margin_added = 0              # recovery remedies in effect (see recover)
     disabled = False
-    # Whether DDP must broadcast the model's buffers from rank 0 before every forward: only for
-    # a backend whose buffers hold state the ranks must share and that it does not synchronise
-    # itself. The model's own buffers (RoPE tables) are the same on every rank.
-    ddp_broadcast_buffers = False
 
     def unavailable(self, device: torch.device) -> Optional[str]:
         """Why this backend cannot run on `device`, or None when it can."""

@@ -26,7 +26,7 @@ Under gradient accumulation the backend (`Native`) casts each weight once per op
 before the first micro-batch (eagerly, in `fp8_context`), and every micro-batch of the step
 reads that FP8 weight with the scale it was cast with (Transformer Engine's
 is_first_microbatch). A weight whose tensor changed in between (a rollback, a load) is cast
-again. The cache is kept out of checkpoints and out of DDP's buffer broadcast; it is off under
+again. The cache is kept out of checkpoints; it is off under
 FSDP (weights are sharded outside the forward) and without accumulation (nothing to reuse).
 
 On a CPU the GEMMs are emulated: the FP8 values are dequantized and multiplied in fp32, which
@@ -47,6 +47,7 @@ from torch import nn
 
 from .base import Fp8Backend, LayerStats
 from .layers import replace_module
+from .policy import rank_world
 from .scaling import FORMATS, FP8_MAX, quant_stats, quantize, update_delayed_scaling
 
 INPUT, WEIGHT, GRAD_OUTPUT = 0, 1, 2
@@ -247,7 +248,7 @@ class Fp8Linear(nn.Linear):
 
     def allocate_weight_cache(self) -> None:
         """Tensors for the FP8 weight kept across the micro-batches of a step. Plain attributes,
-        not buffers: not state (no checkpoint), and DDP broadcasts every buffer each forward."""
+        not buffers: they are not state (never checkpointed, rebuilt from the weight)."""
         st, w = self.fp8_state, self.weight
         self.fp8_weight = torch.empty(w.shape, dtype=st.fwd_dtype, device=w.device)
         self.fp8_weight_t = None if st.emulate else \
@@ -257,12 +258,10 @@ class Fp8Linear(nn.Linear):
 
     @torch.no_grad()
     def cast_weight(self) -> None:
-        """Cast the weight into the cache with the current scale (the same numbers as a cast
-        in forward: the conversion in copy_ rounds as .to() does)."""
+        """Cast the weight into the cache with the current scale (the same cast as in forward)."""
         st, w = self.fp8_state, self.weight.detach()
         s_w = st.scale[self.fp8_index, WEIGHT]
-        fmax = FP8_MAX[st.fwd_dtype]
-        self.fp8_weight.copy_((w.float() * s_w).clamp_(-fmax, fmax))
+        self.fp8_weight.copy_(quantize(w, s_w, st.fwd_dtype))
         if self.fp8_weight_t is not None:
             self.fp8_weight_t.copy_(self.fp8_weight.t())
         self.fp8_weight_scale.copy_(s_w)
@@ -315,9 +314,9 @@ class Native(Fp8Backend):
     """FP8 Linears on torch._scaled_mm (emulated on CPU), TE delayed-scaling semantics."""
     label = "native"
     # Every rank holds the same FP8 state: the amaxes are all-reduced (max) before each update,
-    # as Transformer Engine's reduce_amax does, so DDP need not broadcast it.
-    ddp_broadcast_buffers = False
-    reduce_amax = True      # False for trials (for_trials): they differ per rank
+    # as Transformer Engine's reduce_amax does (so DDP need not broadcast buffers). False for
+    # trials (for_trials): they differ per rank.
+    reduce_amax = True
 
     def for_trials(self) -> "Native":
         self.reduce_amax = False
@@ -384,7 +383,7 @@ class Native(Fp8Backend):
 
     def after_backward(self) -> None:
         if not self.disabled:
-            if self.reduce_amax and _world_size() > 1:
+            if self.reduce_amax and rank_world()[1] > 1:
                 # The amax over every rank's data of this micro-batch (one small all-reduce of
                 # [layers, 3] values), so that every rank computes the same scales.
                 torch.distributed.all_reduce(self.state.amax_history[0],
@@ -404,7 +403,3 @@ class Native(Fp8Backend):
                 f"{self.margin()}, amax history {self.cfg.fp8_amax_history_len} "
                 f"({self.cfg.fp8_amax_compute_algo})")
 
-
-def _world_size() -> int:
-    dist = torch.distributed
-    return dist.get_world_size() if dist.is_available() and dist.is_initialized() else 1

@@ -254,7 +254,7 @@ def layer_decision(backend, model: nn.Module) -> dict:
     device_name = torch.cuda.get_device_name(device) if device.type == "cuda" else device.type
     key = cache_key(device_name, backend.cfg.fp8_backend, backend_settings(backend),
                     backend.base.name, versions(backend.cfg.fp8_backend), tokens, counts)
-    rank, world = _rank_world()
+    rank, world = rank_world()
     keep, measured = decide(counts, key, cache_path(backend.cfg), timer,
                             backend.cfg.fp8_auto_margin, backend.base.name, label, tokens,
                             backend.info, rank, world, _all_gather, refresh=backend.cfg.reprobe)
@@ -269,7 +269,7 @@ def _device_of(model: nn.Module) -> torch.device:
     return p.device if p is not None else torch.device("cpu")
 
 
-def _rank_world() -> "tuple[int, int]":
+def rank_world() -> "tuple[int, int]":
     import torch.distributed as dist
     if dist.is_available() and dist.is_initialized():
         return dist.get_rank(), dist.get_world_size()
