@@ -16,11 +16,8 @@ from typing import Any, Optional
 
 import yaml
 
+from .errors import ConfigError  # noqa: F401  (raised here, imported from here by many)
 from .redaction import redact
-
-
-class ConfigError(Exception):
-    """Bad config or bad input. Reported as one line on stderr; the process exits with 2."""
 
 
 # The groups in the order `--help` and the written config.yaml show them.
@@ -31,9 +28,12 @@ MODEL_PRESETS = ("gpt2-124m", "gpt2-350m", "llama-350m", "llama-1b", "tiny", "ti
 KNOWN_DATASETS = ("tinyshakespeare", "fineweb-edu", "openwebtext", "synthetic")
 
 
-def _key(default, doc, group, *, choices=None, min=None, max=None, gt=None):
-    """A config key: its default, one-line doc, group and the bounds validation checks."""
-    meta = dict(doc=doc, group=group, choices=choices, min=min, max=max, gt=gt)
+def _key(default, doc, group, *, choices=None, min=None, max=None, gt=None, resume="locked"):
+    """A config key: its default, one-line doc, group, the bounds validation checks, and
+    whether a resumed run may change it: "free" (how the run is carried out, not what it
+    trains) or "locked" (it changes training: refused unless allow_config_change)."""
+    assert resume in ("free", "locked")
+    meta = dict(doc=doc, group=group, choices=choices, min=min, max=max, gt=gt, resume=resume)
     if isinstance(default, list):
         return field(default_factory=lambda: list(default), metadata=meta)
     return field(default=default, metadata=meta)
@@ -44,12 +44,12 @@ class Config:
     # --- run -------------------------------------------------------------------------------
     output_dir: Optional[str] = _key(
         None, "run directory (config.yaml, metrics.jsonl, train.log, checkpoints/); "
-        "default runs/<config file name>", "run")
+        "default runs/<config file name>", "run", resume="free")
     resume: str = _key(
         "never", "never | auto (latest complete checkpoint in output_dir) | a checkpoint path; "
-        "a bare --resume means auto", "run")
+        "a bare --resume means auto", "run", resume="free")
     plan_only: bool = _key(False, "print the batch plan (probing if needed) and exit; also "
-                           "--plan-only / --dry_run", "run")
+                           "--plan-only / --dry_run", "run", resume="free")
     seed: int = _key(1337, "seed for init, data order and dropout", "run", min=0,
                      max=2**31 - 1)
     # --- data ------------------------------------------------------------------------------
@@ -58,14 +58,14 @@ class Config:
         "| a prepared directory | a .txt file | synthetic (benchmarks: no files, GPT-2 vocab)",
         "data")
     data_dir: Optional[str] = _key(
-        None, "where datasets are looked up; default $FP8TRAIN_DATA_DIR, else ./data", "data")
+        None, "where datasets are looked up; default $FP8TRAIN_DATA_DIR, else ./data", "data", resume="free")
     tokenizer: str = _key(
         "byte", "byte (no files needed) | a HF tokenizer name or local directory (AutoTokenizer)",
         "data")
     seq_len: int = _key(1024, "tokens per training sequence (the model's context length)",
                         "data", min=8)
     data_prefetch: int = _key(2, "micro-batches prepared ahead on a background thread (0 = in "
-                              "the loop)", "data", min=0)
+                              "the loop)", "data", min=0, resume="free")
     val_fraction: float = _key(
         0.1, "fraction of a text corpus held out for validation (the end; prepared data has "
         "its own split)", "data", gt=0.0, max=0.5)
@@ -84,33 +84,33 @@ class Config:
                                    "model", min=1)
     activation_checkpointing: bool = _key(
         False, "recompute each block's activations in backward (less memory, ~30% more compute); "
-        "auto_batch_size turns it on when micro-batch 1 does not fit without it", "model")
-    compile: bool = _key(False, "torch.compile the model", "model")
+        "auto_batch_size turns it on when micro-batch 1 does not fit without it", "model", resume="free")
+    compile: bool = _key(False, "torch.compile the model", "model", resume="free")
     compile_mode: str = _key(
         "default", "torch.compile mode: default | reduce-overhead (CUDA graphs: less launch "
         "overhead for small models) | max-autotune | max-autotune-no-cudagraphs", "model",
-        choices=("default", "reduce-overhead", "max-autotune", "max-autotune-no-cudagraphs"))
+        choices=("default", "reduce-overhead", "max-autotune", "max-autotune-no-cudagraphs"), resume="free")
     # --- batch -----------------------------------------------------------------------------
-    batch_size: int = _key(8, "micro-batch per device, in sequences", "batch", min=1)
+    batch_size: int = _key(8, "micro-batch per device, in sequences", "batch", min=1, resume="free")
     gradient_accumulation_steps: Optional[int] = _key(
         None, "micro-batches per optimizer step; default derived from "
-        "target_effective_batch_size, else 1", "batch", min=1)
+        "target_effective_batch_size, else 1", "batch", min=1, resume="free")
     target_effective_batch_size: Optional[int] = _key(
-        None, "sequences per optimizer step = micro x accumulation x world size", "batch", min=1)
+        None, "sequences per optimizer step = micro x accumulation x world size", "batch", min=1, resume="free")
     auto_batch_size: bool = _key(False, "discover the largest micro-batch that fits at start",
-                                 "batch")
-    max_batch_size: int = _key(128, "ceiling for the discovered micro-batch", "batch", min=1)
+                                 "batch", resume="free")
+    max_batch_size: int = _key(128, "ceiling for the discovered micro-batch", "batch", min=1, resume="free")
     memory_headroom: float = _key(
         0.1, "fraction of device memory the discovered micro-batch leaves free (fragmentation "
-        "on long runs)", "batch", min=0.0, max=0.9)
+        "on long runs)", "batch", min=0.0, max=0.9, resume="free")
     probe_memory_limit_gb: Optional[float] = _key(
         None, "memory budget per device for batch discovery; default the GPU's memory (CPU: "
-        "available RAM)", "batch", gt=0.0)
+        "available RAM)", "batch", gt=0.0, resume="free")
     batch_cache_dir: Optional[str] = _key(
         None, "where discovered micro-batches are cached (batch_probe.json); default output_dir",
-        "batch")
+        "batch", resume="free")
     reprobe: bool = _key(False, "ignore the cached micro-batch (and fp8_layers auto timings) "
-                         "and measure again", "batch")
+                         "and measure again", "batch", resume="free")
     # --- optimizer -------------------------------------------------------------------------
     learning_rate: float = _key(6e-4, "peak learning rate (after warmup)", "optimizer", gt=0.0)
     min_lr_ratio: float = _key(0.1, "final LR as a fraction of learning_rate (cosine decay)",
@@ -134,17 +134,17 @@ class Config:
                             "optimizer", min=0.0)
     # --- duration --------------------------------------------------------------------------
     num_epochs: Optional[float] = _key(
-        1.0, "passes over the training tokens (fractions allowed)", "duration", gt=0.0)
+        1.0, "passes over the training tokens (fractions allowed)", "duration", gt=0.0, resume="free")
     max_steps: Optional[int] = _key(None, "stop after this many optimizer steps", "duration",
-                                    min=1)
+                                    min=1, resume="free")
     max_hours: Optional[float] = _key(
         None, "stop (with a checkpoint) after this much wall-clock time in this invocation",
-        "duration", gt=0.0)
+        "duration", gt=0.0, resume="free")
     target_val_loss: Optional[float] = _key(
         None, "the val/loss to reach: when an evaluation reaches it, val/time_to_target_s and "
-        "val/tokens_to_target are logged and a checkpoint saved", "duration", gt=0.0)
+        "val/tokens_to_target are logged and a checkpoint saved", "duration", gt=0.0, resume="free")
     stop_at_target: bool = _key(True, "stop (exit 0) once target_val_loss is reached; false "
-                                "trains on to the end", "duration")
+                                "trains on to the end", "duration", resume="free")
     # --- loss ------------------------------------------------------------------------------
     penalty_type: str = _key(
         "none", "none | z_loss (mean logsumexp(logits)^2, PaLM) | logit_l2 (mean logits^2)",
@@ -155,7 +155,7 @@ class Config:
     precision: str = _key(
         "auto", "auto (bf16 on GPU, fp32 on CPU) | bf16 | fp32 | fp16", "precision",
         choices=("auto", "bf16", "fp32", "fp16"))
-    tf32: bool = _key(True, "allow TF32 matmuls on GPU for the fp32 parts", "precision")
+    tf32: bool = _key(True, "allow TF32 matmuls on GPU for the fp32 parts", "precision", resume="free")
     # --- fp8 -------------------------------------------------------------------------------
     use_fp8: bool = _key(False, "train the large Linears in FP8 (H100/H200)", "fp8")
     fp8_backend: str = _key("te", "te | torchao | native", "fp8",
@@ -167,8 +167,8 @@ class Config:
     fp8_amax_compute_algo: str = _key("max", "max | most_recent", "fp8",
                                       choices=("max", "most_recent"))
     fp8_fallback: str = _key("bf16", "when FP8 cannot run: bf16 (warn) | error (exit 2)", "fp8",
-                             choices=("bf16", "error"))
-    fp8_eval: bool = _key(False, "evaluate in FP8 too (default: bf16)", "fp8")
+                             choices=("bf16", "error"), resume="free")
+    fp8_eval: bool = _key(False, "evaluate in FP8 too (default: bf16)", "fp8", resume="free")
     fp8_recipe: str = _key(
         "tensorwise", "torchao scaling recipe: tensorwise | rowwise | rowwise_with_gw_hp", "fp8",
         choices=("tensorwise", "rowwise", "rowwise_with_gw_hp"))
@@ -185,46 +185,46 @@ class Config:
     fp8_exclude: list = _key(["lm_head"], "Linears kept out of FP8 (name patterns, * wildcard)",
                              "fp8")
     fp8_log_layers: bool = _key(True, "log fp8/<layer>/... scales per layer (aggregates always)",
-                                "fp8")
+                                "fp8", resume="free")
     # --- logging ---------------------------------------------------------------------------
     log_interval: int = _key(10, "optimizer steps between log lines / metrics.jsonl rows",
-                             "logging", min=1)
+                             "logging", min=1, resume="free")
     eval_interval: Optional[int] = _key(
         None, "optimizer steps between evaluations; default 1000, or 500 when target_val_loss is "
-        "set (a target is noticed sooner)", "logging", min=1)
+        "set (a target is noticed sooner)", "logging", min=1, resume="free")
     eval_sequences: int = _key(256, "validation sequences per evaluation (a fixed set)",
-                               "logging", min=1)
+                               "logging", min=1, resume="free")
     checkpoint_interval: int = _key(1000, "optimizer steps between checkpoints (also at the end)",
-                                    "logging", min=1)
+                                    "logging", min=1, resume="free")
     keep_checkpoints: int = _key(3, "checkpoints kept on disk, newest first (0 = keep all)",
-                                 "logging", min=0)
+                                 "logging", min=0, resume="free")
     eval_samples: int = _key(2, "text samples generated at each evaluation (samples.jsonl, "
-                             "W&B table; 0 = off)", "logging", min=0, max=16)
-    sample_tokens: int = _key(64, "tokens generated per sample", "logging", min=1, max=1024)
+                             "W&B table; 0 = off)", "logging", min=0, max=16, resume="free")
+    sample_tokens: int = _key(64, "tokens generated per sample", "logging", min=1, max=1024, resume="free")
     # --- reliability -----------------------------------------------------------------------
     allow_config_change: bool = _key(
         False, "resume even though keys that change training (model, data, optimizer, ...) "
-        "differ from the checkpoint's", "reliability")
+        "differ from the checkpoint's", "reliability", resume="free")
     checkpoint_required: bool = _key(
         False, "stop (exit 1) when a checkpoint cannot be written, instead of warning and "
-        "training on", "reliability")
+        "training on", "reliability", resume="free")
     max_bad_steps: int = _key(
         10, "consecutive non-finite steps (each skipped) before the last checkpoint is restored "
-        "(0 = skip only, never restore)", "reliability", min=0)
+        "(0 = skip only, never restore)", "reliability", min=0, resume="free")
     fp8_recovery: str = _key(
         "margin", "remedy applied with that restore in an FP8 run: margin (fp8_margin + 1; "
         "torchao, which has none, goes to bf16) | bf16 (FP8 off)", "reliability",
-        choices=("margin", "bf16"))
+        choices=("margin", "bf16"), resume="free")
     loss_spike_factor: float = _key(
         3.0, "log a loss spike when a step's loss exceeds this many times the running mean "
-        "(0 = off)", "reliability", min=0.0)
+        "(0 = off)", "reliability", min=0.0, resume="free")
     # --- wandb -----------------------------------------------------------------------------
-    use_wandb: bool = _key(False, "log to Weights & Biases", "wandb")
-    wandb_project: str = _key("fp8train", "W&B project", "wandb")
-    wandb_entity: Optional[str] = _key(None, "W&B entity (team or user)", "wandb")
+    use_wandb: bool = _key(False, "log to Weights & Biases", "wandb", resume="free")
+    wandb_project: str = _key("fp8train", "W&B project", "wandb", resume="free")
+    wandb_entity: Optional[str] = _key(None, "W&B entity (team or user)", "wandb", resume="free")
     wandb_run_name: Optional[str] = _key(None, "W&B run name (default: output_dir's name)",
-                                         "wandb")
-    wandb_tags: list = _key([], "W&B tags", "wandb")
+                                         "wandb", resume="free")
+    wandb_tags: list = _key([], "W&B tags", "wandb", resume="free")
     # WANDB_MODE=offline|disabled and WANDB_API_KEY are read by W&B itself, as usual.
 
     # Where the values came from, for error messages; not a key.
@@ -246,6 +246,9 @@ def key_fields():
 
 
 KEYS = {f.name: f for f in key_fields()}
+# Keys a resumed run may change (metadata on each key: `resume="free"`); the others change what
+# is trained and are compared with the checkpoint's.
+RESUME_FREE = frozenset(name for name, f in KEYS.items() if f.metadata["resume"] == "free")
 
 
 def _type_name(f) -> str:
