@@ -26,7 +26,9 @@ from typing import Callable, Optional
 
 import torch
 
+from .agreement import RankFailed, gather
 from .config import Config, ConfigError
+from .errors import one_line
 from .keyed_cache import read_entry, write_entry
 from .model import compiled
 
@@ -226,8 +228,10 @@ def cache_key(cfg: Config, model_desc: dict, precision: str, device_desc: str, w
                 memory_limit=os.environ.get(LIMIT_ENV) or cfg.probe_memory_limit_gb)
 
 
-def cache_path(cfg: Config) -> str:
-    return os.path.join(cfg.batch_cache_dir or cfg.output_dir, CACHE_FILE)
+def cache_path(cfg: Config, run_dir: Optional[str] = None) -> str:
+    """batch_probe.json in batch_cache_dir, else in the run's directory (`run_dir`: a sweep
+    trial's own; default output_dir)."""
+    return os.path.join(cfg.batch_cache_dir or run_dir or cfg.output_dir, CACHE_FILE)
 
 
 def read_cache(path: str, key: dict) -> Optional[dict]:
@@ -258,15 +262,10 @@ def agree(local_micro: Optional[int], seconds: float, cached: bool, error: Optio
           not_fitting: Optional[str], world: int) -> Fit:
     """One all-gather: every rank learns every rank's result or error, so a failure anywhere
     stops every rank with the same message, and no rank waits for one that left."""
-    mine = (local_micro, seconds, cached, error, not_fitting)
-    if world > 1:
-        gathered = [None] * world
-        torch.distributed.all_gather_object(gathered, mine)
-    else:
-        gathered = [mine]
+    gathered = gather((local_micro, seconds, cached, error, not_fitting))
     for rank, (_, _, _, err, _) in enumerate(gathered):
         if err:
-            raise RuntimeError(f"batch discovery failed on rank {rank}: {err}")
+            raise RankFailed(f"batch discovery failed on rank {rank}: {err}")
     for rank, (_, _, _, _, nf) in enumerate(gathered):
         if nf:
             raise DoesNotFit(nf if world == 1 else f"rank {rank}: {nf}")
@@ -275,9 +274,10 @@ def agree(local_micro: Optional[int], seconds: float, cached: bool, error: Optio
 
 
 def discover(cfg: Config, trial: Callable[[int], int], key: dict, device: torch.device,
-             rank: int, world: int, is_main: bool, info: Callable[[str], None]) -> Fit:
+             rank: int, world: int, is_main: bool, info: Callable[[str], None],
+             run_dir: Optional[str] = None) -> Fit:
     """Cached or probed fitted micro-batch, agreed over ranks."""
-    path = cache_path(cfg)
+    path = cache_path(cfg, run_dir)
     hit = None if cfg.reprobe else read_cache(path, key)
     micro, seconds, error, not_fitting, probe = None, 0.0, None, None, None
     if hit is not None:
@@ -292,7 +292,7 @@ def discover(cfg: Config, trial: Callable[[int], int], key: dict, device: torch.
             with torch.random.fork_rng(devices=[device] if device.type == "cuda" else []):
                 micro = search_max_batch(probe.fits, cfg.max_batch_size)
         except Exception as e:  # not an OOM: report it on every rank, then stop
-            error = f"{type(e).__name__}: {' '.join(str(e).split())[:300]}"
+            error = one_line(e, with_type=True)
         seconds = time.perf_counter() - t0
         release_memory(device)   # the run's peak memory starts here, not at the last trial
         if cfg.compile:

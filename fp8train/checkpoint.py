@@ -1,14 +1,18 @@
-"""Checkpoints under <output_dir>/checkpoints/: step_NNNNNNN/ directories written by
-`accelerator.save_state` (model, optimizer, RNG states of every rank, FP8 state and the
-registered training state), a manifest, and a `latest` pointer.
+"""Checkpoints under <output_dir>/checkpoints/: step_NNNNNNN/ directories and a `latest` pointer.
 
-Writing is atomic: every file goes into .tmp-step_NNNNNNN/, is fsynced, the manifest (step,
-tokens, config hash, each file's size and SHA-256) is written last, and only then is the
-directory renamed and `latest` replaced. A crash at any point leaves either the complete new
-checkpoint or none. Loading verifies the manifest; a corrupt or partial checkpoint is reported,
-moved aside and the previous one used. Loading also reads every pickle in the checkpoint
-without running it (`unsafe_content`): one that needs more than tensors and plain data makes
-the checkpoint unusable too, so that a checkpoint from elsewhere cannot run code.
+A checkpoint (format 2) holds Accelerate's save_state files (model.safetensors, the model with
+its FP8 state, or FSDP's pytorch_model_fsdp_0/; optimizer.bin or optimizer_0/; each rank's
+random_states_N.pkl), train_state.json (the counters), config.yaml and manifest.json (format,
+step, tokens, config hash, each file's size and SHA-256). Nothing is registered with Accelerate:
+no object of ours is pickled, everything loads with safetensors, torch.load(weights_only=True)
+(the RNG files with NumPy's generator array), json or yaml.
+
+Writing is atomic, in four phases: the files go into .tmp-step_NNNNNNN/ (`_write_state`), are
+fsynced and the manifest is written (`_write_manifest`), the directory is renamed into place
+(`_move_into_place`), `latest` is replaced (`_point_latest`). A crash at any point leaves the
+complete new checkpoint or none. Loading verifies the manifest; a corrupt or partial checkpoint
+is reported, moved aside and the previous one used. Verification also checks what loading would
+unpickle (`safe_load.unsafe_content`): a checkpoint from elsewhere cannot run code.
 """
 from __future__ import annotations
 
@@ -20,31 +24,17 @@ import shutil
 import time
 from concurrent.futures import ThreadPoolExecutor
 
-from .config import ConfigError
+from .agreement import first_error
+from .config import RESUME_FREE, ConfigError
 from .safe_load import describe_error as _describe, unsafe_content
+from .train_state import TrainState
 
 _STEP_DIR = re.compile(r"^step_(\d{7,})$")
 LATEST = "latest"
 CONFIG_NAME = "config.yaml"
 MANIFEST = "manifest.json"
-MANIFEST_FORMAT = 1
-
-# Keys whose change on resume does not change what the model learns from (how long, how it is
-# logged and carried out). Any other change is refused on resume unless allow_config_change.
-HARMLESS_ON_RESUME = {"output_dir", "resume", "data_dir", "max_steps", "num_epochs", "max_hours",
-                      "log_interval", "eval_interval", "eval_sequences", "checkpoint_interval",
-                      "keep_checkpoints", "compile", "compile_mode", "activation_checkpointing", "use_wandb",
-                      "wandb_project", "wandb_entity", "wandb_run_name", "wandb_tags",
-                      # how the run is carried out, not what it trains
-                      "plan_only", "reprobe", "batch_cache_dir", "data_prefetch", "tf32",
-                      "max_batch_size", "memory_headroom", "probe_memory_limit_gb",
-                      # the split of the batch over micro-batches, accumulation and devices;
-                      # the effective batch itself is compared (from the derived values)
-                      "batch_size", "gradient_accumulation_steps", "auto_batch_size",
-                      "target_effective_batch_size",
-                      "fp8_log_layers", "fp8_eval", "fp8_fallback", "eval_samples", "sample_tokens",
-                      "allow_config_change", "checkpoint_required", "max_bad_steps",
-                      "fp8_recovery", "loss_spike_factor", "target_val_loss", "stop_at_target"}
+TRAIN_STATE = "train_state.json"
+MANIFEST_FORMAT = 2   # 1: the counters were Accelerate's custom_checkpoint_0.pkl, a pickle
 
 
 class CheckpointWriteError(Exception):
@@ -56,60 +46,36 @@ def step_dir_name(step: int) -> str:
     return f"step_{step:07d}"
 
 
-class TrainState:
-    """Counters that make a run resumable; saved with every checkpoint through Accelerate's
-    `register_for_checkpointing`."""
-
-    def __init__(self):
-        self.step = 0                # optimizer steps done
-        self.tokens = 0              # training tokens consumed, all ranks together
-        self.data_position = 0       # training sequences drawn, all ranks together
-        self.train_seconds = 0.0     # wall time spent training, over all invocations
-        self.skipped_steps = 0       # updates skipped for non-finite gradients
-        self.rollbacks = 0           # restores of the last checkpoint after max_bad_steps
-        self.fp8_margin_added = 0    # remedies of those rollbacks, re-applied on resume
-        self.fp8_off = False
-        # for the end-of-run report (summary.json), carried across resumes
-        self.wall_seconds = 0.0      # wall time of every invocation, up to its last checkpoint
-        self.steady_tokens = 0       # tokens and training seconds of the steady state (each
-        self.steady_seconds = 0.0    # invocation's first log interval, with compile, left out)
-        self.best_val_loss = None
-        self.best_val_step = None
-        self.target = None           # target_val_loss when it was reached, and where
-        self.target_step = None
-        self.time_to_target_s = None
-        self.tokens_to_target = None
-        self.checkpoints_written = 0
-
-    def state_dict(self) -> dict:
-        return dict(vars(self))
-
-    def load_state_dict(self, d: dict) -> None:
-        self.step, self.tokens = int(d["step"]), int(d["tokens"])
-        self.data_position, self.train_seconds = int(d["data_position"]), float(d["train_seconds"])
-        # absent from checkpoints written before these existed
-        self.skipped_steps = int(d.get("skipped_steps", 0))
-        self.rollbacks = int(d.get("rollbacks", 0))
-        self.fp8_margin_added = int(d.get("fp8_margin_added", 0))
-        self.fp8_off = bool(d.get("fp8_off", False))
-        for key in ("wall_seconds", "steady_tokens", "steady_seconds", "best_val_loss",
-                    "best_val_step", "target", "target_step", "time_to_target_s",
-                    "tokens_to_target", "checkpoints_written"):
-            if key in d:
-                setattr(self, key, d[key])
+def read_train_state(path: str) -> TrainState:
+    """The counters of checkpoint `path`. ConfigError, in one line, for a checkpoint of another
+    format (an older fp8train's: its counters are a pickle) or an unreadable train_state.json."""
+    found = read_manifest(path).get("format")
+    if found != MANIFEST_FORMAT:
+        what = f"checkpoint format {found}" if found else "no manifest"
+        raise ConfigError(
+            f"cannot resume from '{path}': it was written by another version of fp8train "
+            f"({what}; this version resumes checkpoint format {MANIFEST_FORMAT}, whose training "
+            f"state is JSON); finish that run with the fp8train that wrote it, or start a new run "
+            f"(export, sampling and evaluation still read its model)")
+    try:
+        with open(os.path.join(path, TRAIN_STATE), encoding="utf-8") as fh:
+            return TrainState.from_dict(json.load(fh))
+    except (OSError, ValueError) as e:   # json's errors are ValueErrors
+        raise ConfigError(f"cannot resume from '{path}': {TRAIN_STATE} cannot be read "
+                          f"({_describe(e)})") from None
 
 
 def config_hash(values: dict) -> str:
-    """What the run trains: every key except the harmless ones, canonically serialised."""
-    kept = {k: v for k, v in sorted(values.items()) if k not in HARMLESS_ON_RESUME}
+    """What the run trains: every key a resume may not change (not in RESUME_FREE), canonically
+    serialised."""
+    kept = {k: v for k, v in sorted(values.items()) if k not in RESUME_FREE}
     return hashlib.sha256(json.dumps(kept, sort_keys=True, default=str).encode()).hexdigest()[:16]
 
 
 class CheckpointManager:
-    def __init__(self, output_dir: str, keep: int, faults=None):
+    def __init__(self, output_dir: str, keep: int):
         self.dir = os.path.join(output_dir, "checkpoints")
         self.keep = keep
-        self.faults = faults
 
     def complete(self) -> list[tuple[int, str]]:
         """(step, path) of every complete checkpoint, oldest first."""
@@ -161,62 +127,85 @@ class CheckpointManager:
             shutil.rmtree(os.path.join(self.dir, name), ignore_errors=True)
         return gone
 
-    def save(self, accelerator, step: int, config_text: str, meta: dict) -> str:
-        """Collective: every rank calls it (each saves its own RNG state). The run's resolved
-        config goes in too, so a resume can tell what changed. Raises CheckpointWriteError on
-        every rank when any rank's write failed; the previous checkpoint is left as it was."""
+    def save(self, accelerator, state: TrainState, config_text: str, meta: dict) -> str:
+        """Checkpoint of step `state.step`, with `state` and the run's resolved config (so that a
+        resume can tell what changed), `meta` in the manifest. Collective: every rank calls it
+        (each saves its own RNG state). Raises CheckpointWriteError on every rank when any
+        rank's write failed; the previous checkpoint is left as it was."""
+        step, main = state.step, accelerator.is_main_process
         final = os.path.join(self.dir, step_dir_name(step))
         tmp = os.path.join(self.dir, f".tmp-{step_dir_name(step)}")
-        error = None
-        if accelerator.is_main_process:
-            try:
-                shutil.rmtree(tmp, ignore_errors=True)
-                os.makedirs(self.dir, exist_ok=True)
-            except OSError as e:
-                error = _describe(e)
-        error = _agree(accelerator, error)
+        error = first_error(_attempt(lambda: self._clear(tmp)) if main else None)
+        # Any failure while the state is written is a failed write (torch.save reports ENOSPC
+        # as a RuntimeError, safetensors as its own error type).
         if error is None:
-            try:
-                accelerator.save_state(tmp)
-                if self.faults:
-                    self.faults.in_save(step, "state", tmp)
-            except Exception as e:  # torch.save reports ENOSPC as a RuntimeError, safetensors
-                error = _describe(e)  # as its own error type: any failure here is a failed write
-            error = _agree(accelerator, error)
-        if error is None and accelerator.is_main_process:
-            try:
-                self._finish(tmp, final, step, config_text, meta)
-            except OSError as e:
-                error = _describe(e)
-        error = _agree(accelerator, error)
+            error = first_error(_attempt(
+                lambda: self._write_state(accelerator, tmp, state, config_text), Exception))
+        if error is None:
+            error = first_error(_attempt(lambda: self._publish(tmp, final, step, meta))
+                                if main else None)
         if error is not None:
-            if accelerator.is_main_process:
+            if main:
                 shutil.rmtree(tmp, ignore_errors=True)
             raise CheckpointWriteError(f"checkpoint of step {step:,} could not be written to "
                                        f"'{self.dir}' ({error}; {_free_space(self.dir)})")
         return final
 
-    def _finish(self, tmp: str, final: str, step: int, config_text: str, meta: dict) -> None:
-        with open(os.path.join(tmp, CONFIG_NAME), "w", encoding="utf-8") as fh:
-            fh.write(config_text)
+    def restore(self, accelerator, path: str, state: TrainState) -> None:
+        """Load checkpoint `path` (verified) into the prepared model and optimizer and every
+        rank's RNG (Accelerate's load_state), and its counters into `state`. ConfigError for a
+        checkpoint of another format, before anything is loaded; what load_state raises (a
+        checkpoint of another model) passes through."""
+        saved = read_train_state(path)
+        accelerator.load_state(path)
+        vars(state).update(vars(saved))
+
+    def _clear(self, tmp: str) -> None:
+        shutil.rmtree(tmp, ignore_errors=True)
+        os.makedirs(self.dir, exist_ok=True)
+
+    def _write_state(self, accelerator, tmp: str, state: TrainState, config_text: str) -> None:
+        """Phase 1, every rank: Accelerate's files (rank 0: model, optimizer; each rank its RNG
+        states), then rank 0 the counters and the config."""
+        accelerator.save_state(tmp)
+        if accelerator.is_main_process:
+            with open(os.path.join(tmp, TRAIN_STATE), "w", encoding="utf-8") as fh:
+                json.dump(state.to_dict(), fh, indent=1, sort_keys=True)
+                fh.write("\n")
+            with open(os.path.join(tmp, CONFIG_NAME), "w", encoding="utf-8") as fh:
+                fh.write(config_text)
+
+    def _publish(self, tmp: str, final: str, step: int, meta: dict) -> None:
+        """Phases 2 to 4, rank 0."""
+        self._write_manifest(tmp, step, meta)
+        old = self._move_into_place(tmp, final, step)
+        self._point_latest(final, old)
+
+    def _write_manifest(self, tmp: str, step: int, meta: dict) -> None:
+        """Phase 2: every file fsynced, then the manifest (each file's size and SHA-256)."""
         files = _checksums(tmp)
         _fsync_tree(tmp)
         manifest = dict(format=MANIFEST_FORMAT, step=step, **meta, files=files,
                         written=time.strftime("%Y-%m-%dT%H:%M:%S%z"))
         _atomic_write(os.path.join(tmp, MANIFEST), json.dumps(manifest, indent=1) + "\n")
-        if self.faults:
-            self.faults.in_save(step, "manifest", tmp)
+
+    def _move_into_place(self, tmp: str, final: str, step: int) -> str | None:
+        """Phase 3: the directory renamed to step_N. A step saved again (after a rollback) keeps
+        its old directory, returned, until `latest` no longer needs it."""
         old = None
-        if os.path.isdir(final):   # re-saving a step (after a rollback): keep it until replaced
+        if os.path.isdir(final):
             old = f"{final}.old"
             shutil.rmtree(old, ignore_errors=True)
             os.replace(final, old)
         os.replace(tmp, final)
-        _fsync_dir(self.dir)
-        if self.faults:
-            self.faults.in_save(step, "pointer", final)
+        _fsync(self.dir)
+        return old
+
+    def _point_latest(self, final: str, old: str | None) -> None:
+        """Phase 4: `latest` names the new checkpoint; the one it replaced and those beyond
+        keep_checkpoints go."""
         _atomic_write(os.path.join(self.dir, LATEST), os.path.basename(final) + "\n")
-        _fsync_dir(self.dir)
+        _fsync(self.dir)
         if old:
             shutil.rmtree(old, ignore_errors=True)
         self._prune()
@@ -229,10 +218,9 @@ class CheckpointManager:
 
 
 def verify(path: str) -> tuple[str | None, str]:
-    """(problem, note): problem is None when the checkpoint is complete, every file matches
-    its manifest and no pickle in it names a global beyond the allowlist (`unsafe_content`: a
-    checksum does not tell a crafted checkpoint, whose author writes the manifest too); note
-    says what was checked."""
+    """(problem, note): problem is None when the checkpoint is complete, every file matches its
+    manifest and nothing in it could run code when loaded (`unsafe_content`: a checksum does not
+    tell a crafted checkpoint, whose author writes the manifest too); note: what was checked."""
     manifest_path = os.path.join(path, MANIFEST)
     if not os.path.isfile(manifest_path):
         if any(f.startswith(("model", "pytorch_model")) for f in os.listdir(path)):
@@ -346,17 +334,12 @@ def _first_usable(manager: CheckpointManager, warn, info, own: bool) -> str | No
     return None
 
 
-def _agree(accelerator, error: str | None) -> str | None:
-    """Every rank learns whether any rank failed (and why), so that all of them take the same
-    path and none waits at a barrier the others skipped."""
-    if accelerator.num_processes == 1:
-        return error
-    import torch.distributed as dist
-    errors = [None] * accelerator.num_processes
-    dist.all_gather_object(errors, error)
-    for rank, e in enumerate(errors):
-        if e is not None:
-            return e if rank == 0 else f"rank {rank}: {e}"
+def _attempt(action, catch=OSError) -> str | None:
+    """None when `action()` succeeds, else what went wrong, in one line."""
+    try:
+        action()
+    except catch as e:
+        return _describe(e)
     return None
 
 
@@ -397,31 +380,27 @@ def _atomic_write(path: str, text: str) -> None:
 def _fsync_tree(path: str) -> None:
     for root, _, files in os.walk(path):
         for name in files:
-            fd = os.open(os.path.join(root, name), os.O_RDONLY)
-            try:
-                os.fsync(fd)
-            finally:
-                os.close(fd)
-        _fsync_dir(root)
+            _fsync(os.path.join(root, name), strict=True)
+        _fsync(root)
 
 
-def _fsync_dir(path: str) -> None:
-    """Make a rename inside `path` durable (on a power cut, not only a process crash)."""
+def _fsync(path: str, strict: bool = False) -> None:
+    """fsync a file, or a directory: that makes a rename inside it durable (on a power cut, not
+    only a process crash); a directory that cannot be synced is passed over."""
     try:
         fd = os.open(path, os.O_RDONLY)
+        try:
+            os.fsync(fd)
+        finally:
+            os.close(fd)
     except OSError:
-        return
-    try:
-        os.fsync(fd)
-    except OSError:
-        pass
-    finally:
-        os.close(fd)
+        if strict:
+            raise
 
 
 def changed_on_resume(checkpoint: str, current: dict, derived: dict | None = None) -> list[str]:
     """'key old -> new' for every key that differs from the config stored in `checkpoint` and
-    changes training (see HARMLESS_ON_RESUME), and for each entry of `derived` (the training
+    changes training (not in config.RESUME_FREE), and for each entry of `derived` (the training
     data's size, the effective batch) that differs from the checkpoint's derived values."""
     import yaml
     path = os.path.join(checkpoint, CONFIG_NAME)
@@ -431,7 +410,7 @@ def changed_on_resume(checkpoint: str, current: dict, derived: dict | None = Non
         saved = yaml.safe_load(fh) or {}
     before = saved.pop("derived", None) or {}
     changes = [f"{k} {saved[k]!r} -> {v!r}" for k, v in current.items()
-               if k in saved and k not in HARMLESS_ON_RESUME and saved[k] != v]
+               if k in saved and k not in RESUME_FREE and saved[k] != v]
     for k, v in (derived or {}).items():
         if k in before and before[k] != v:
             old, new = (_brief(before[k]), _brief(v)) if k == "data" else (before[k], v)

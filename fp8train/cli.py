@@ -1,17 +1,15 @@
 """Command-line entry: parse and validate the config (no torch import), then train.
 
-Exit codes: 0 done, 2 bad config or input (one line on stderr), 3 stopped by a signal after a
-checkpoint, 1 anything else (a run that cannot go on says why in one line).
+Exit codes (errors.py): 0 done, 2 bad config or input (one line on stderr), 3 stopped by a
+signal after a checkpoint, 1 anything else (a run that cannot go on says why in one line).
 """
 from __future__ import annotations
 
 import os
 import sys
 
-from .config import ConfigError, HelpRequested, help_text, load_config
-from .redaction import redact
-
-EXIT_OK, EXIT_ERROR, EXIT_BAD_INPUT, EXIT_STOPPED = 0, 1, 2, 3
+from .config import HelpRequested, help_text, load_config
+from .errors import EXIT_OK, ConfigError, report, run_reported
 
 
 def _is_rank0() -> bool:
@@ -26,22 +24,12 @@ def main(argv: list[str] | None = None) -> int:
         print(help_text())
         return EXIT_OK
     except ConfigError as e:
-        if _is_rank0():
-            print(f"error: {redact(str(e))}", file=sys.stderr)
-        return EXIT_BAD_INPUT
+        return report(e, show=_is_rank0())
     # Must be set before torch initialises CUDA: fewer fragmentation OOMs on long runs.
     os.environ.setdefault("PYTORCH_CUDA_ALLOC_CONF", "expandable_segments:True")
-    from .trainer import RunFailed, train  # heavy imports only once the config is good
+    from .loop import train  # heavy imports only once the config is good
     try:
-        return train(cfg)
-    except ConfigError as e:
-        if _is_rank0():
-            print(f"error: {redact(str(e))}", file=sys.stderr)
-        return EXIT_BAD_INPUT
-    except RunFailed as e:
-        if _is_rank0():
-            print(f"error: {redact(str(e))}", file=sys.stderr)
-        return EXIT_ERROR
+        return run_reported(lambda: train(cfg), show=_is_rank0())
     finally:
         _close_process_group()
 
@@ -52,20 +40,3 @@ def _close_process_group() -> None:
     import torch.distributed as dist
     if dist.is_available() and dist.is_initialized():
         dist.destroy_process_group()
-
-
-class ToolFailed(Exception):
-    """A script ran but its result is wrong (an export whose logits do not match): exit 1."""
-
-
-def run_tool(body) -> int:
-    """Run a script's body (a function returning an exit code): bad input is one `error:` line
-    and exit 2, a failed result one line and exit 1, never a traceback for either."""
-    try:
-        return body()
-    except ConfigError as e:
-        print(f"error: {redact(str(e))}", file=sys.stderr)
-        return EXIT_BAD_INPUT
-    except ToolFailed as e:
-        print(f"error: {redact(str(e))}", file=sys.stderr)
-        return EXIT_ERROR

@@ -373,9 +373,9 @@ class BatchStream:
     background thread prepares them ahead (numpy slicing releases the GIL) and pins them for
     non-blocking copies to a GPU, so the loop never waits for data."""
 
-    def __init__(self, sampler: RandomWindows, position: int, rank_offset: int, micro: int,
+    def __init__(self, windows: RandomWindows, position: int, rank_offset: int, micro: int,
                  accum: int, effective: int, pin: bool, depth: int):
-        self.sampler, self.micro, self.pin = sampler, micro, pin
+        self.windows, self.micro, self.pin = windows, micro, pin
         self.firsts = self._firsts(position, rank_offset, micro, accum, effective)
         self.queue = None
         if depth > 0:
@@ -394,7 +394,7 @@ class BatchStream:
             position += effective
 
     def _make(self):
-        x, y = self.sampler.batch(next(self.firsts), self.micro)
+        x, y = self.windows.batch(next(self.firsts), self.micro)
         return (x.pin_memory(), y.pin_memory()) if self.pin else (x, y)
 
     def _fill(self) -> None:

@@ -49,11 +49,16 @@ def exit_code(e: BaseException) -> "int | None":
     return None
 
 
-def one_line(e: BaseException, limit: int = 300, with_type: bool = False) -> str:
+def one_line(e: BaseException, limit: int = 300, with_type: bool = False,
+             first_line: bool = False) -> str:
     """An exception from a library (torch, safetensors, pickle, OSError) as one short line:
     whitespace folded, cut at `limit` characters, the class name when the text is empty (or
-    always, with `with_type`)."""
-    text = " ".join(str(e).split())[:limit]
+    always, with `with_type`). `first_line`: only the message's first line (W&B's go on with
+    retry notes)."""
+    text = str(e).strip()
+    if first_line:
+        text = text.partition("\n")[0]
+    text = " ".join(text.split())[:limit]
     if with_type or not text:
         return f"{type(e).__name__}: {text}" if text else type(e).__name__
     return text

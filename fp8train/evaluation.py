@@ -89,11 +89,10 @@ def evaluate(path: str, split: str = "val", sequences: int | None = None, whole:
     from .data import load_splits, val_batches
     dev = trained.pick_device(device)
     t = trained.load(path, dev, warn=warn, info=log)
-    cfg = t.cfg
-    if data_dir is not None:
-        cfg.data_dir = data_dir
-    if dataset is not None:
-        cfg.dataset = dataset
+    import dataclasses
+    cfg = dataclasses.replace(t.cfg, **{k: v for k, v in dict(data_dir=data_dir,
+                                                            dataset=dataset).items()
+                                        if v is not None})
     splits = load_splits(cfg, log)
     if splits.vocab_size > t.mcfg.vocab_size:
         raise ConfigError(f"dataset '{cfg.dataset}' has a vocabulary of {splits.vocab_size:,}; "

@@ -175,7 +175,7 @@ def export(path: str, out_dir: str, dtype_name: str = "fp32", tokenizer: bool = 
     records. ConfigError for bad input (before anything is written), ToolFailed when the
     exported model does not reproduce ours."""
     from . import trained
-    from .cli import ToolFailed
+    from .errors import ToolFailed
     if os.path.isdir(out_dir) and os.listdir(out_dir) and not overwrite:
         raise ConfigError(f"OUT_DIR '{out_dir}' exists and is not empty; pass --overwrite to "
                           f"replace what is there, or name a new directory")

@@ -1,8 +1,8 @@
-"""Throughput, MFU and memory, computed in one place, and the metrics.jsonl writer."""
+"""Throughput, MFU and memory, computed in one place: the training row of each log interval
+and the clock it is measured with."""
 from __future__ import annotations
 
-import json
-import os
+import time
 from typing import Optional
 
 # Dense bf16 tensor-core peaks (FLOP/s) from NVIDIA's datasheets, without sparsity, matched
@@ -82,44 +82,85 @@ def throughput(tokens_per_step: int, steps: int, seconds: float, world: int,
     return row
 
 
-class MetricsWriter:
-    """One JSON object per line in a run-directory file (metrics.jsonl, samples.jsonl), written
-    by the main process only."""
+class TrainClock:
+    """Wall time spent in training steps. Paused around evaluation and checkpoints so that
+    tokens/s and MFU describe training alone. Pausing waits for queued GPU work first (once per
+    eval or checkpoint, never in the hot loop) so that it is billed to training."""
 
-    def __init__(self, path: str, enabled: bool, warn=None):
-        self.path, self.enabled = path, enabled
-        self.warn = warn or (lambda msg: None)
-        self.lost = 0   # rows that could not be written (disk full): said once, then counted
+    def __init__(self, device):
+        self.device = device
+        self.banked, self.t0 = 0.0, time.perf_counter()
 
-    def truncate_after(self, step: int) -> int:
-        """On resume, drop rows logged after the checkpoint's step: those steps are re-run and
-        would otherwise appear twice. Returns how many rows were dropped."""
-        if not self.enabled or not os.path.isfile(self.path):
-            return 0
-        with open(self.path, encoding="utf-8") as fh:
-            lines = fh.readlines()
-        keep = []
-        for line in lines:
-            try:
-                if json.loads(line).get("step", 0) <= step:
-                    keep.append(line)
-            except json.JSONDecodeError:   # a torn last line from a crash
-                pass
-        if len(keep) != len(lines):
-            tmp = self.path + ".tmp"
-            with open(tmp, "w", encoding="utf-8") as fh:
-                fh.writelines(keep)
-            os.replace(tmp, self.path)
-        return len(lines) - len(keep)
+    def pause(self) -> None:
+        if self.device.type == "cuda":
+            import torch
+            torch.cuda.synchronize(self.device)
+        self.banked += time.perf_counter() - self.t0
 
-    def write(self, row: dict) -> None:
-        if not self.enabled:
-            return
-        try:
-            with open(self.path, "a", encoding="utf-8") as fh:
-                fh.write(json.dumps(row) + "\n")
-        except OSError as e:
-            if not self.lost:
-                self.warn(f"cannot write {self.path} ({e.strerror or e}); its rows are lost "
-                          "until it can be written again (training goes on)")
-            self.lost += 1
+    def resume(self) -> None:
+        self.t0 = time.perf_counter()
+
+    def collect(self) -> float:
+        """While paused: the training seconds not yet taken, handed over (the run is ending)."""
+        banked, self.banked = self.banked, 0.0
+        return banked
+
+    def take(self) -> float:
+        """Training seconds since the last take(); call after a host sync."""
+        now = time.perf_counter()
+        elapsed, self.banked, self.t0 = self.banked + now - self.t0, 0.0, now
+        return elapsed
+
+
+class Meter:
+    """The training row of one log interval: loss, LR, gradient norm, tokens/s and MFU over the
+    interval's training time, the fraction of it spent waiting for data, memory. The first
+    interval (compilation, warm-up) is left out of the steady-state totals the summary uses."""
+
+    def __init__(self, log_interval: int, tokens_per_step: int, world: int,
+                 flops_per_token: float, device):
+        self.log_interval = log_interval
+        self.tokens_per_step, self.world, self.device = tokens_per_step, world, device
+        self.flops_per_token = flops_per_token
+        self.peak = peak_flops(device_name(device)) if device.type == "cuda" else None
+        self.clock = TrainClock(device)
+        self.steps, self.data_wait, self.first = 0, 0.0, True
+        self.last_steps = 0   # the steps of the interval last logged
+
+    def due(self, step: int, last: bool) -> bool:
+        """Whether step `step` ends a log interval (decided before it runs: it is watched)."""
+        return step % self.log_interval == 0 or last
+
+    def start(self) -> None:
+        self.clock = TrainClock(self.device)
+        self.steps, self.data_wait = 0, 0.0
+
+    def row(self, st, loss: float, penalty: float, lr: float, grad_norm: float) -> dict:
+        """The interval's row (after its host sync); adds its time to the train state."""
+        elapsed = self.clock.take()
+        st.train_seconds += elapsed
+        if not self.first:
+            st.steady_tokens += self.tokens_per_step * self.steps
+            st.steady_seconds += elapsed
+        self.first = False
+        row = {"step": st.step, "tokens": st.tokens, "train/loss": loss,
+               "train/penalty": penalty, "train/total_loss": loss + penalty, "train/lr": lr,
+               "train/grad_norm": grad_norm,
+               **throughput(self.tokens_per_step, self.steps, elapsed, self.world,
+                            self.flops_per_token, self.peak),
+               "train/data_wait_fraction":
+                   min(1.0, self.data_wait / elapsed) if elapsed > 0 else 0.0}
+        if self.device.type == "cuda":
+            import torch
+            row["system/gpu_memory_allocated_gb"] = torch.cuda.memory_allocated() / 1e9
+            row["system/gpu_memory_peak_gb"] = torch.cuda.max_memory_allocated() / 1e9
+            row["system/gpu_memory_reserved_gb"] = torch.cuda.memory_reserved() / 1e9
+        self.last_steps, self.steps, self.data_wait = self.steps, 0, 0.0
+        return row
+
+
+def device_name(device) -> str:
+    if device.type == "cuda":
+        import torch
+        return torch.cuda.get_device_name(device)
+    return device.type

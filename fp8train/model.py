@@ -78,14 +78,14 @@ def model_config_from(preset: str, vocab_size: int, block_size: int, **overrides
         d = overrides["n_embd"]
         base["ffn_hidden_size"] = 4 * d if base["arch"] == "gpt2" else _llama_ffn(d)
     base.update(overrides)
-    cfg = ModelConfig(vocab_size=vocab_size, block_size=block_size, **base)
-    if cfg.n_embd % cfg.n_head:
-        raise ValueError(f"n_embd {cfg.n_embd} is not divisible by n_head {cfg.n_head}")
-    if cfg.n_head % cfg.kv_heads:
-        raise ValueError(f"n_head {cfg.n_head} is not divisible by n_kv_head {cfg.kv_heads}")
-    if cfg.arch == "llama" and cfg.head_dim % 2:
-        raise ValueError(f"RoPE needs an even head dim, got {cfg.head_dim}")
-    return cfg
+    mcfg = ModelConfig(vocab_size=vocab_size, block_size=block_size, **base)
+    if mcfg.n_embd % mcfg.n_head:
+        raise ValueError(f"n_embd {mcfg.n_embd} is not divisible by n_head {mcfg.n_head}")
+    if mcfg.n_head % mcfg.kv_heads:
+        raise ValueError(f"n_head {mcfg.n_head} is not divisible by n_kv_head {mcfg.kv_heads}")
+    if mcfg.arch == "llama" and mcfg.head_dim % 2:
+        raise ValueError(f"RoPE needs an even head dim, got {mcfg.head_dim}")
+    return mcfg
 
 
 class RotaryEmbedding(nn.Module):
@@ -114,17 +114,17 @@ class RotaryEmbedding(nn.Module):
 
 
 class Attention(nn.Module):
-    def __init__(self, cfg: ModelConfig):
+    def __init__(self, mcfg: ModelConfig):
         super().__init__()
-        self.n_head, self.kv_heads, self.head_dim = cfg.n_head, cfg.kv_heads, cfg.head_dim
-        bias = cfg.arch == "gpt2"
+        self.n_head, self.kv_heads, self.head_dim = mcfg.n_head, mcfg.kv_heads, mcfg.head_dim
+        bias = mcfg.arch == "gpt2"
         # One fused projection for q, k and v: one large GEMM instead of three.
-        self.qkv = nn.Linear(cfg.n_embd, (cfg.n_head + 2 * cfg.kv_heads) * cfg.head_dim,
+        self.qkv = nn.Linear(mcfg.n_embd, (mcfg.n_head + 2 * mcfg.kv_heads) * mcfg.head_dim,
                              bias=bias)
-        self.proj = nn.Linear(cfg.n_embd, cfg.n_embd, bias=bias)
-        self.rope = (RotaryEmbedding(cfg.head_dim, cfg.block_size, cfg.rope_theta)
-                     if cfg.arch == "llama" else None)
-        self.dropout = cfg.dropout
+        self.proj = nn.Linear(mcfg.n_embd, mcfg.n_embd, bias=bias)
+        self.rope = (RotaryEmbedding(mcfg.head_dim, mcfg.block_size, mcfg.rope_theta)
+                     if mcfg.arch == "llama" else None)
+        self.dropout = mcfg.dropout
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         B, T, C = x.shape
@@ -143,14 +143,14 @@ class Attention(nn.Module):
 
 
 class MLP(nn.Module):
-    def __init__(self, cfg: ModelConfig):
+    def __init__(self, mcfg: ModelConfig):
         super().__init__()
-        self.swiglu = cfg.arch == "llama"
+        self.swiglu = mcfg.arch == "llama"
         bias = not self.swiglu
         # SwiGLU's gate and up projections fused into one GEMM.
-        width = 2 * cfg.ffn_hidden_size if self.swiglu else cfg.ffn_hidden_size
-        self.fc = nn.Linear(cfg.n_embd, width, bias=bias)
-        self.proj = nn.Linear(cfg.ffn_hidden_size, cfg.n_embd, bias=bias)
+        width = 2 * mcfg.ffn_hidden_size if self.swiglu else mcfg.ffn_hidden_size
+        self.fc = nn.Linear(mcfg.n_embd, width, bias=bias)
+        self.proj = nn.Linear(mcfg.ffn_hidden_size, mcfg.n_embd, bias=bias)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         h = self.fc(x)
@@ -163,13 +163,13 @@ class MLP(nn.Module):
 
 
 class Block(nn.Module):
-    def __init__(self, cfg: ModelConfig):
+    def __init__(self, mcfg: ModelConfig):
         super().__init__()
-        norm = (lambda: nn.LayerNorm(cfg.n_embd, eps=cfg.norm_eps)) if cfg.arch == "gpt2" \
-            else (lambda: nn.RMSNorm(cfg.n_embd, eps=cfg.norm_eps))
-        self.norm1, self.attn = norm(), Attention(cfg)
-        self.norm2, self.mlp = norm(), MLP(cfg)
-        self.drop = nn.Dropout(cfg.dropout)
+        norm = (lambda: nn.LayerNorm(mcfg.n_embd, eps=mcfg.norm_eps)) if mcfg.arch == "gpt2" \
+            else (lambda: nn.RMSNorm(mcfg.n_embd, eps=mcfg.norm_eps))
+        self.norm1, self.attn = norm(), Attention(mcfg)
+        self.norm2, self.mlp = norm(), MLP(mcfg)
+        self.drop = nn.Dropout(mcfg.dropout)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         x = x + self.drop(self.attn(self.norm1(x)))
@@ -177,19 +177,19 @@ class Block(nn.Module):
 
 
 class GPT(nn.Module):
-    def __init__(self, cfg: ModelConfig):
+    def __init__(self, mcfg: ModelConfig):
         super().__init__()
-        self.cfg = cfg
-        V = cfg.padded_vocab_size
-        self.wte = nn.Embedding(V, cfg.n_embd)
-        self.wpe = nn.Embedding(cfg.block_size, cfg.n_embd) if cfg.arch == "gpt2" else None
-        self.drop = nn.Dropout(cfg.dropout)
-        self.blocks = nn.ModuleList(Block(cfg) for _ in range(cfg.n_layer))
-        self.norm_f = (nn.LayerNorm(cfg.n_embd, eps=cfg.norm_eps) if cfg.arch == "gpt2"
-                       else nn.RMSNorm(cfg.n_embd, eps=cfg.norm_eps))
+        self.mcfg = mcfg
+        V = mcfg.padded_vocab_size
+        self.wte = nn.Embedding(V, mcfg.n_embd)
+        self.wpe = nn.Embedding(mcfg.block_size, mcfg.n_embd) if mcfg.arch == "gpt2" else None
+        self.drop = nn.Dropout(mcfg.dropout)
+        self.blocks = nn.ModuleList(Block(mcfg) for _ in range(mcfg.n_layer))
+        self.norm_f = (nn.LayerNorm(mcfg.n_embd, eps=mcfg.norm_eps) if mcfg.arch == "gpt2"
+                       else nn.RMSNorm(mcfg.n_embd, eps=mcfg.norm_eps))
         # A tied head reuses wte.weight in forward instead of sharing a Parameter, so the
         # state dict holds no aliased tensors (safetensors refuses those).
-        self.lm_head = None if cfg.tie_embeddings else nn.Linear(cfg.n_embd, V, bias=False)
+        self.lm_head = None if mcfg.tie_embeddings else nn.Linear(mcfg.n_embd, V, bias=False)
         self.activation_checkpointing = False
         # How a block is recomputed in backward. A precision backend whose layers carry state
         # across the recompute (Transformer Engine's FP8 scales) swaps in its own.
@@ -199,7 +199,7 @@ class GPT(nn.Module):
         # variance does not grow with depth.
         for block in self.blocks:
             for p in (block.attn.proj.weight, block.mlp.proj.weight):
-                nn.init.normal_(p, mean=0.0, std=0.02 / math.sqrt(2 * cfg.n_layer))
+                nn.init.normal_(p, mean=0.0, std=0.02 / math.sqrt(2 * mcfg.n_layer))
 
     @staticmethod
     def _init_weights(m: nn.Module) -> None:
@@ -236,7 +236,7 @@ class GPT(nn.Module):
         """Training FLOPs per token: 6 per matmul weight (forward 2, backward 4) plus the
         attention scores and values, 12 * n_layer * n_embd * T (PaLM, appendix B). Embedding
         lookups are free; a tied head is a real matmul and counts."""
-        c = self.cfg
+        c = self.mcfg
         matmul_params = sum(p.numel() for n, p in self.named_parameters()
                             if p.dim() == 2 and not n.startswith(("wte.", "wpe.")))
         if self.lm_head is None:
@@ -271,10 +271,11 @@ def _recompute_in_backward(block: nn.Module, x: torch.Tensor) -> torch.Tensor:
     return checkpoint(block, x, use_reentrant=False)
 
 
-def compiled(module: nn.Module, cfg) -> nn.Module:
-    """`module` as the run executes it: torch.compile'd in cfg.compile_mode when cfg.compile is
-    set (the training step, the micro-batch probe's trials and fp8_layers auto's timing alike),
-    else itself."""
-    if not cfg.compile:
+def compiled(module: nn.Module, model_cfg) -> nn.Module:
+    """`module` as the run executes it: torch.compile'd in compile_mode when `compile` is set in
+    `model_cfg` (the config's model section, or the whole config) — the training step, the
+    micro-batch probe's trials and fp8_layers auto's timing alike; else itself."""
+    if not model_cfg.compile:
         return module
-    return torch.compile(module, mode=None if cfg.compile_mode == "default" else cfg.compile_mode)
+    mode = model_cfg.compile_mode
+    return torch.compile(module, mode=None if mode == "default" else mode)

@@ -24,6 +24,7 @@ from typing import Iterator, Optional
 import numpy as np
 
 from .config import ConfigError
+from .errors import one_line
 from .shards import META_FILE, dtype_for_vocab, write_meta, write_shard
 
 KNOWN = {  # name -> (hub path, config, split, text field)
@@ -160,8 +161,7 @@ def load_documents(a: PrepareArgs):
     try:
         ds = datasets.load_dataset(*args, **kwargs)
     except Exception as e:  # hub offline, unknown dataset, unreadable file
-        first = " ".join(str(e).split())[:300] or type(e).__name__
-        raise ConfigError(f"--dataset '{a.dataset}': cannot load it ({first})") from None
+        raise ConfigError(f"--dataset '{a.dataset}': cannot load it ({one_line(e)})") from None
     columns = ds.column_names if not a.streaming else (
         list(ds.features) if ds.features is not None else None)
     if columns is not None and text_field not in columns:

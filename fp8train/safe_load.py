@@ -1,21 +1,25 @@
-"""Checkpoints are safe to load: every pickle in a checkpoint is read without running it, and
-one that names anything beyond what real checkpoints contain is refused.
+"""Checkpoints are safe to load: nothing in one can run code when it is resumed, exported,
+sampled or evaluated.
 
-Accelerate reads model.safetensors with safetensors (no code), but optimizer.bin,
-random_states_N.pkl, scaler.pt, ... with torch.load, custom_checkpoint_N.pkl (our TrainState)
-with torch.load(weights_only=False), an FSDP checkpoint's .metadata with pickle.load and its
-non-tensor items with torch.load(weights_only=False); Transformer Engine unpickles its
-`_extra_state` tensors. Unpickling runs whatever a pickle names, so a checkpoint from someone
-else could run code. `unsafe_content` reads every such pickle without running it and refuses
-one that names anything beyond what real checkpoints contain: a pickle can only import and
-call what it names. The allowlist is (module, name) pairs seen in checkpoints of fp32,
-native-FP8 and torchao runs and in DCP directories, plus the same kinds for the other dtypes
-a run keeps: types, dtypes and tensor rebuilders; nothing that reaches files, processes or
-arbitrary attributes (never builtins such as getattr, eval or exec).
+fp8train's own files load without running anything: model.safetensors with safetensors,
+optimizer.bin and each rank's random_states_N.pkl with torch.load(weights_only=True) (the RNG
+file with exactly the NumPy types of its generator state, RNG_GLOBALS), train_state.json with
+json. Before a checkpoint is used, `unsafe_content` loads each torch.save file the same way and
+refuses one that torch's restricted unpickler refuses (it names the global it would need).
+
+Two kinds of pickle are still unpickled without restriction, by code fp8train does not control:
+Transformer Engine's `_extra_state` tensors (TE's set_extra_state unpickles them: its recipe
+object and FP8 scales) and an FSDP checkpoint's torch.distributed.checkpoint files (DCP's reader
+unpickles `.metadata` with pickle.load and its non-tensor items with torch.load(weights_only=
+False)). Those are read without being run (`_check_pickle`, a symbolic walk of the opcodes) and
+may name only what they really hold: TE_EXTRA_STATE_GLOBALS and DCP_METADATA_GLOBALS, types and
+tensor rebuilders, nothing that reaches files, processes or arbitrary attributes.
 """
 from __future__ import annotations
 
+import io
 import os
+import re
 
 
 def describe_error(e: BaseException) -> str:
@@ -26,58 +30,62 @@ def describe_error(e: BaseException) -> str:
     return f"{type(e).__name__}: {text}" if text else type(e).__name__
 
 
-_STORAGE_TYPES = ("Float", "BFloat16", "Half", "Long", "Int", "Byte", "Bool")
+# Transformer Engine's `_extra_state`: a pickle of {"recipe": DelayedScaling, "scale_fwd": tensor,
+# ..., "extra_fp8_variables": plain values}. The recipe is the one fp8train builds (the dataclass,
+# its Format enum and the enum's NamedTuple value); each CPU tensor is pickled as
+# _rebuild_tensor_v2(_load_from_bytes(a torch.save blob), ...), and the blob, which TE's unpickling
+# loads with weights_only=False, must load with weights_only=True. Taken from TE 2.x's source.
+TE_EXTRA_STATE_GLOBALS = frozenset({
+    ("collections", "OrderedDict"),             # a tensor's (empty) backward hooks
+    ("torch._utils", "_rebuild_tensor_v2"),     # a tensor ...
+    ("torch.storage", "_load_from_bytes"),      # ... and its storage: checked as said above
+    *(("transformer_engine.common.recipe", n) for n in ("DelayedScaling", "Format",
+                                                         "_FormatHelper")),
+})
+# torch.distributed.checkpoint's .metadata: plain dataclasses and enums, shapes, dtypes, paths.
 _DTYPES = ("float32", "bfloat16", "float16", "float8_e4m3fn", "float8_e5m2", "int64", "int32",
            "uint8", "bool")
-SAFE_GLOBALS = frozenset({
-    # tensors as torch.save writes them (state dicts, Adam's moments and step, RNG states)
-    ("collections", "OrderedDict"),             # state dicts; each tensor's (empty) hooks
-    ("torch._utils", "_rebuild_tensor_v2"),     # a tensor
-    *(("torch", f"{t}Storage") for t in _STORAGE_TYPES),   # ... and its storage's type
-    ("torch._utils", "_rebuild_tensor_v3"),     # a float8 tensor (no legacy storage type)
-    ("torch.storage", "UntypedStorage"),        # ... and its storage
-    *(("torch", d) for d in _DTYPES),           # dtypes as values (v3 tensors, DCP metadata)
-    ("torch", "Size"),                          # shapes in DCP metadata
-    # the NumPy generator state in random_states_N.pkl (an array of uint32); bytes objects
-    # under pickle protocol 2 (torch.save's) are written as _codecs.encode(str, "latin1")
-    ("numpy._core.multiarray", "_reconstruct"),  # NumPy 2
-    ("numpy.core.multiarray", "_reconstruct"),   # NumPy 1 (pyproject allows >= 1.24)
-    ("numpy", "ndarray"),
-    ("numpy", "dtype"),
-    ("_codecs", "encode"),                       # only ever called as (str, "latin1"): checked
-    # an FSDP checkpoint's torch.distributed.checkpoint .metadata: plain dataclasses and enums
+DCP_METADATA_GLOBALS = frozenset({
     *(("torch.distributed.checkpoint.metadata", n) for n in (
         "Metadata", "MetadataIndex", "StorageMeta", "TensorStorageMetadata",
         "BytesStorageMetadata", "ChunkStorageMetadata", "TensorProperties",
         "_MEM_FORMAT_ENCODING")),
     ("torch.distributed.checkpoint.filesystem", "_StorageInfo"),
+    ("torch", "Size"),
+    *(("torch", d) for d in _DTYPES),
     ("torch.serialization", "_get_layout"),      # torch.strided, by name
     ("pathlib", "PosixPath"),                    # StorageMeta.checkpoint_id
     ("pathlib._local", "PosixPath"),             # ... as Python 3.13 names it
 })
-# Transformer Engine's `_extra_state` (a pickle in a uint8 tensor, which TE unpickles on load
-# and the te backend lets it): the recipe fp8train builds (DelayedScaling, its Format enum and
-# the enum's value type) and the FP8 scales, CPU tensors that plain pickle writes as
-# _load_from_bytes(a torch.save blob), which is checked like a file. Taken from TE's source: no
-# real TE checkpoint was scanned (TE needs a GPU); anything else there is refused.
-TE_EXTRA_STATE_GLOBALS = SAFE_GLOBALS | frozenset({
-    *(("transformer_engine.common.recipe", n) for n in ("DelayedScaling", "Format",
-                                                         "_FormatHelper")),
-    ("torch.storage", "_load_from_bytes"),
-})
-PICKLE_SUFFIXES = (".bin", ".pkl", ".pt", ".pth")   # torch.save files Accelerate may torch.load
-_NESTING = 4                                        # torch.save blobs inside pickles, at most
+TORCH_SUFFIXES = (".bin", ".pkl", ".pt", ".pth")   # torch.save files
+RNG_PREFIX = "random_states_"                      # Accelerate's per-rank RNG states
+
+
+def rng_globals() -> list:
+    """What random_states_N.pkl needs beyond torch's weights_only defaults: NumPy's generator
+    state, an array of uint32 (the types Accelerate's own loader allows)."""
+    import numpy as np
+    core = np._core if hasattr(np, "_core") else np.core   # NumPy 2 / NumPy 1
+    extra = [core.multiarray._reconstruct, np.ndarray, np.dtype]
+    return extra + ([np.dtypes.UInt32DType] if hasattr(np, "dtypes") else [])
+
+
+def load_weights_only(source, rng: bool = False):
+    """torch.load(weights_only=True) on CPU of a path (memory-mapped: the tensors' bytes are not
+    read) or a stream; `rng` also allows RNG_GLOBALS. Raises what torch.load raises."""
+    import torch
+    with torch.serialization.safe_globals(rng_globals() if rng else []):
+        return torch.load(source, map_location="cpu", weights_only=True,
+                          mmap=isinstance(source, (str, os.PathLike)))
 
 
 class _Unsafe(Exception):
-    """Why a pickle may not be loaded."""
+    """Why a file may not be loaded."""
 
 
 def unsafe_content(path: str) -> str | None:
-    """None when every pickle-based file under the checkpoint directory `path` names only
-    allowlisted globals; else one line: the file and what it would import or call. Nothing is
-    unpickled or imported from the files (DCP metadata that passed is read with an unpickler
-    limited to the allowlist, to find the items it describes)."""
+    """None when everything under the checkpoint directory `path` loads without running code;
+    else one line: the file and what it would import or call."""
     for root, dirs, names in os.walk(path):
         dirs.sort()
         for name in sorted(names):
@@ -86,9 +94,8 @@ def unsafe_content(path: str) -> str | None:
             try:
                 if name.endswith(".metadata"):
                     _check_dcp(root, name)
-                elif name.endswith(PICKLE_SUFFIXES):
-                    with open(full, "rb") as fh:   # only the zip directory and data.pkl are read
-                        _check_torch_file(fh, SAFE_GLOBALS, top=True)
+                elif name.endswith(TORCH_SUFFIXES):
+                    _check_torch_file(full, rng=name.startswith(RNG_PREFIX))
                 elif name.endswith(".safetensors"):
                     _check_safetensors(full)
             except _Unsafe as e:
@@ -98,201 +105,43 @@ def unsafe_content(path: str) -> str | None:
     return None
 
 
-def _check_torch_file(source, allowed: frozenset, top: bool = False, depth: int = 0) -> None:
-    """What torch.load would unpickle from `source` (bytes, or a file open for reading): a zip
-    archive's data.pkl, read with torch's own zip reader so that both see the same archive; in
-    a blob nested in a pickle, also the legacy format."""
-    import io
-    stream = io.BytesIO(source) if isinstance(source, (bytes, bytearray)) else source
-    magic = stream.read(4)
-    stream.seek(0)
-    if magic == b"PK\x03\x04":
-        import torch
-        try:
-            with torch.serialization._open_zipfile_reader(stream) as zf:
-                records = zf.get_all_records()
-                if any(r == "constants.pkl" or r.endswith("/constants.pkl") for r in records):
-                    raise _Unsafe("is a TorchScript archive (torch.load would run its code)")
-                pickled = zf.get_record("data.pkl")
-        except _Unsafe:
-            raise
-        except Exception as e:   # torch's zip reader raises RuntimeError, or worse
-            raise _Unsafe(f"is not a readable torch.save archive ({describe_error(e)})") from None
-        _check_pickle(pickled, allowed, depth)
-    elif top:   # on disk torch.load also reads tar archives and pickles: ours never are
-        import pickletools
-        import tarfile
-        try:
-            tarfile.open(fileobj=stream, mode="r:").close()
-            is_tar = True
-        except Exception:   # tarfile.ReadError, mostly
-            is_tar = False
-        if is_tar:
-            raise _Unsafe("is a tar archive (torch.load would unpickle its members)")
-        stream.seek(0)
-        first = stream.read(1).decode("latin-1")
-        if first and first in {op.code for op in pickletools.opcodes}:
-            raise _Unsafe("is not a torch.save zip archive (torch.load would unpickle it)")
-        # else not a pickle at all: torch.load fails at the first byte, before anything runs
-    else:       # torch.load of a BytesIO: the legacy format, five pickles, then raw storages
-        for _ in range(5):
-            _check_pickle(stream, allowed, depth)
-
-
-def _check_pickle(data, allowed: frozenset, depth: int = 0) -> None:
-    """Run the pickle's opcodes on symbols, not objects: every global it names (GLOBAL, INST,
-    STACK_GLOBAL of literal strings) must be in `allowed`, only such globals may be called, and
-    the opcodes that reach beyond (extension registry, out-of-band buffers) are refused.
-    `data` is bytes or a stream (left after the pickle's STOP)."""
-    import io
+def _check_torch_file(path: str, rng: bool) -> None:
+    """fp8train writes torch.save zip archives only: one must load with weights_only=True. A
+    legacy pickle or tar file is refused before torch reads it; a file that is neither is not
+    unsafe (loading fails at its first byte). An RNG file must load, whatever it holds:
+    Accelerate would skip one that fails without a word, and the resume would not be exact."""
     import pickletools
-    from _compat_pickle import IMPORT_MAPPING, NAME_MAPPING
-    stream = io.BytesIO(data) if isinstance(data, (bytes, bytearray)) else data
-    mark, stack, memo, proto = object(), [], {}, 0
-
-    def pop(n=1):
-        if len(stack) < n or any(v is mark for v in stack[len(stack) - n:]):
-            raise _Unsafe("is not a well-formed pickle (stack underflow)")
-        out = stack[len(stack) - n:]
-        del stack[len(stack) - n:]
-        return out
-
-    def pop_mark():
-        for i in range(len(stack) - 1, -1, -1):
-            if stack[i] is mark:
-                out = stack[i + 1:]
-                del stack[i:]
-                return out
-        raise _Unsafe("is not a well-formed pickle (no MARK)")
-
-    def name(module, qual, mapped):
-        if mapped and (module, qual) in NAME_MAPPING:
-            module, qual = NAME_MAPPING[(module, qual)]
-        elif mapped and module in IMPORT_MAPPING:
-            module = IMPORT_MAPPING[module]
-        if (module, qual) not in allowed:
-            raise _Unsafe(f"needs global '{module}.{qual}', which no checkpoint needs (unpickling "
-                          f"it could run code)")
-        return _Global(module, qual)
-
-    def call(func, args):
-        if not isinstance(func, _Global):
-            raise _Unsafe("calls something other than an allowed global")
-        if (func.module, func.name) == ("_codecs", "encode"):
-            if (not isinstance(args, tuple) or len(args) != 2 or not isinstance(args[0], str)
-                    or args[1] not in ("latin1", "latin-1")):
-                raise _Unsafe("calls '_codecs.encode' with other than (text, 'latin1')")
-            return args[0].encode("latin1")
-        if (func.module, func.name) == ("torch.storage", "_load_from_bytes"):
-            if (not isinstance(args, tuple) or len(args) != 1
-                    or not isinstance(args[0], (bytes, bytearray))):
-                raise _Unsafe("calls '_load_from_bytes' on other than literal bytes")
-            if depth >= _NESTING:
-                raise _Unsafe("nests torch.save blobs too deeply")
-            _check_torch_file(bytes(args[0]), allowed, depth=depth + 1)
-        return _Object(func)
-
+    import tarfile
+    with open(path, "rb") as fh:
+        head = fh.read(512)
+    if head.startswith(b"PK\x03\x04"):
+        _load_checked(path, rng)
+        return
     try:
-        for op, arg, _ in pickletools.genops(stream):
-            code = op.name
-            if code == "PROTO":
-                proto = arg
-            elif code in ("FRAME", "STOP"):
-                pass
-            elif code in ("GLOBAL", "INST"):
-                module, _, qual = arg.partition(" ")
-                g = name(module, qual, mapped=proto < 3)
-                stack.append(call(g, tuple(pop_mark())) if code == "INST" else g)
-            elif code == "STACK_GLOBAL":
-                module, qual = pop(2)
-                if not (isinstance(module, str) and isinstance(qual, str)):
-                    raise _Unsafe("names a global it computes (STACK_GLOBAL of non-literals)")
-                stack.append(name(module, qual, mapped=proto < 3))
-            elif code == "REDUCE":
-                func, args = pop(2)
-                stack.append(call(func, args))
-            elif code == "NEWOBJ":
-                cls, args = pop(2)
-                stack.append(call(cls, args))
-            elif code == "NEWOBJ_EX":
-                cls, args, _kw = pop(3)
-                stack.append(call(cls, args))
-            elif code == "OBJ":
-                items = pop_mark()
-                if not items:
-                    raise _Unsafe("is not a well-formed pickle (OBJ without a class)")
-                stack.append(call(items[0], tuple(items[1:])))
-            elif code == "BUILD":
-                pop()
-                if not stack or not isinstance(stack[-1], _Object):
-                    raise _Unsafe("sets the state of something that is not an object it made")
-            elif code in ("EXT1", "EXT2", "EXT4", "NEXT_BUFFER", "READONLY_BUFFER"):
-                raise _Unsafe(f"uses pickle opcode {code}, which no checkpoint needs")
-            elif code == "MARK":
-                stack.append(mark)
-            elif code in ("TUPLE", "LIST", "DICT", "FROZENSET"):
-                items = pop_mark()
-                stack.append(tuple(items) if code == "TUPLE" else _Object(None))
-            elif code in ("TUPLE1", "TUPLE2", "TUPLE3"):
-                stack.append(tuple(pop(int(code[-1]))))
-            elif code == "EMPTY_TUPLE":
-                stack.append(())
-            elif code in ("EMPTY_LIST", "EMPTY_DICT", "EMPTY_SET", "BYTEARRAY8"):
-                stack.append(_Object(None))
-            elif code in ("APPEND", "SETITEM"):
-                pop(1 if code == "APPEND" else 2)
-            elif code in ("APPENDS", "SETITEMS", "ADDITEMS", "POP_MARK"):
-                pop_mark()
-            elif code == "POP":
-                pop()
-            elif code == "DUP":
-                stack.append(pop()[0])
-                stack.append(stack[-1])
-            elif code in ("PUT", "BINPUT", "LONG_BINPUT", "MEMOIZE"):
-                top = pop()[0]
-                stack.append(top)
-                memo[len(memo) if code == "MEMOIZE" else arg] = top
-            elif code in ("GET", "BINGET", "LONG_BINGET"):
-                if arg not in memo:
-                    raise _Unsafe("is not a well-formed pickle (unknown memo entry)")
-                stack.append(memo[arg])
-            elif code == "PERSID":
-                stack.append(_Object(None))
-            elif code == "BINPERSID":
-                pop()
-                stack.append(_Object(None))
-            elif code in _LITERALS:
-                stack.append(arg)   # (True, False and None as None: only text and bytes matter)
-            else:
-                raise _Unsafe(f"uses pickle opcode {code}, which no checkpoint needs")
-            if code == "STOP":
-                return
-    except ValueError as e:   # pickletools: truncated or not a pickle
-        raise _Unsafe(f"is not a readable pickle ({describe_error(e)})") from None
-    raise _Unsafe("is not a readable pickle (no STOP)")
+        tarfile.open(fileobj=io.BytesIO(head), mode="r:").close()   # the header block suffices
+        raise _Unsafe("is a tar archive, not a torch.save zip archive (fp8train never writes one)")
+    except tarfile.TarError:
+        pass
+    if rng or (head and chr(head[0]) in {op.code for op in pickletools.opcodes}):
+        raise _Unsafe("is not a torch.save zip archive (fp8train never writes another format)")
 
 
-_LITERALS = frozenset({
-    "INT", "BININT", "BININT1", "BININT2", "LONG", "LONG1", "LONG4", "FLOAT", "BINFLOAT", "NONE",
-    "NEWTRUE", "NEWFALSE", "STRING", "BINSTRING", "SHORT_BINSTRING", "UNICODE", "BINUNICODE",
-    "SHORT_BINUNICODE", "BINUNICODE8", "BINBYTES", "SHORT_BINBYTES", "BINBYTES8"})
-
-
-class _Global:
-    def __init__(self, module: str, name: str):
-        self.module, self.name = module, name
-
-
-class _Object:
-    """What calling an allowed global (or building a list or dict) would have made."""
-
-    def __init__(self, made_by):
-        self.made_by = made_by
+def _load_checked(source, rng: bool = False):
+    """load_weights_only, with a refusal or failure as _Unsafe naming the global it needs."""
+    try:
+        return load_weights_only(source, rng)
+    except Exception as e:   # pickle.UnpicklingError when refused; torch raises many kinds
+        found = re.search(r"GLOBAL ([\w.]+)", str(e))
+        if found:
+            raise _Unsafe(f"needs global '{found.group(1)}', which torch.load(weights_only=True) "
+                          f"refuses (unpickling it could run code)") from None
+        raise _Unsafe(f"cannot be loaded with torch.load(weights_only=True) "
+                      f"({describe_error(e)})") from None
 
 
 def _check_safetensors(path: str) -> None:
     """safetensors holds no code, but Transformer Engine unpickles its `*._extra_state` tensors
-    (and the TE backend lets it): check those pickles. A file safetensors cannot read is not
+    (and the te backend lets it): check those pickles. A file safetensors cannot read is not
     unsafe (loading it fails before anything is unpickled); the manifest reports corruption."""
     from safetensors import safe_open
     try:
@@ -323,7 +172,7 @@ def _check_dcp(directory: str, name: str) -> None:
     weights_only=False; a TE `_extra_state` tensor among its items is a pickle too."""
     with open(os.path.join(directory, name), "rb") as fh:
         data = fh.read()
-    _check_pickle(data, SAFE_GLOBALS)
+    _check_pickle(data, DCP_METADATA_GLOBALS)
     from torch.distributed.checkpoint.metadata import BytesStorageMetadata
     try:
         metadata = safe_unpickle(data)
@@ -350,27 +199,21 @@ def _check_dcp(directory: str, name: str) -> None:
         except (OSError, TypeError, ValueError, AttributeError) as e:
             raise _Unsafe(f"{where} cannot be read ({describe_error(e)})") from None
         try:
-            _check_torch_file(blob, SAFE_GLOBALS, top=True)
+            value = _load_checked(io.BytesIO(blob))
             if not is_bytes:   # the TE pickle is the tensor's content
-                import io
-                import torch
-                try:
-                    tensor = torch.load(io.BytesIO(blob), map_location="cpu", weights_only=True)
-                except Exception as e:   # torch raises many kinds
-                    raise _Unsafe(f"cannot be read ({describe_error(e)})") from None
-                _check_extra_state(tensor, "")
+                _check_extra_state(value, "")
         except _Unsafe as e:
             raise _Unsafe(f"{where} {e}") from None
 
 
 def safe_unpickle(data: bytes):
-    """pickle.loads limited to SAFE_GLOBALS (for DCP metadata, which is a plain pickle)."""
-    import io
+    """pickle.loads limited to DCP_METADATA_GLOBALS (for DCP metadata, a plain pickle), after
+    `_check_pickle` passed it."""
     import pickle
 
     class Limited(pickle.Unpickler):
         def find_class(self, module, name):
-            if (module, name) not in SAFE_GLOBALS:
+            if (module, name) not in DCP_METADATA_GLOBALS:
                 raise pickle.UnpicklingError(f"global '{module}.{name}' is not allowed")
             return super().find_class(module, name)
 
@@ -380,3 +223,156 @@ def safe_unpickle(data: bytes):
     return Limited(io.BytesIO(data)).load()
 
 
+def _check_pickle(data: bytes, allowed: frozenset) -> None:
+    """Run the pickle's opcodes on symbols, not objects: every global it names (GLOBAL, INST,
+    STACK_GLOBAL of literal strings) must be in `allowed`, only such globals may be called, and
+    the opcodes that reach beyond (extension registry, out-of-band buffers) are refused."""
+    import pickletools
+    machine = _Symbolic(allowed)
+    try:
+        for op, arg, _ in pickletools.genops(io.BytesIO(data)):
+            if op.name == "STOP":
+                return
+            machine.run(op.name, arg)
+    except ValueError as e:   # pickletools: truncated or not a pickle
+        raise _Unsafe(f"is not a readable pickle ({describe_error(e)})") from None
+    raise _Unsafe("is not a readable pickle (no STOP)")
+
+
+class _Symbolic:
+    """The unpickler's stack and memo, holding symbols: literals as themselves, globals as
+    _Global, what calling one (or building a list or dict) would make as _Object."""
+
+    def __init__(self, allowed: frozenset):
+        self.allowed, self.mark, self.stack, self.memo, self.proto = allowed, object(), [], {}, 0
+
+    def pop(self, n: int = 1) -> list:
+        stack = self.stack
+        if len(stack) < n or any(v is self.mark for v in stack[len(stack) - n:]):
+            raise _Unsafe("is not a well-formed pickle (stack underflow)")
+        out = stack[len(stack) - n:]
+        del stack[len(stack) - n:]
+        return out
+
+    def pop_mark(self) -> list:
+        for i in range(len(self.stack) - 1, -1, -1):
+            if self.stack[i] is self.mark:
+                out = self.stack[i + 1:]
+                del self.stack[i:]
+                return out
+        raise _Unsafe("is not a well-formed pickle (no MARK)")
+
+    def name(self, module: str, qual: str) -> "_Global":
+        from _compat_pickle import IMPORT_MAPPING, NAME_MAPPING
+        if self.proto < 3 and (module, qual) in NAME_MAPPING:
+            module, qual = NAME_MAPPING[(module, qual)]
+        elif self.proto < 3 and module in IMPORT_MAPPING:
+            module = IMPORT_MAPPING[module]
+        if (module, qual) not in self.allowed:
+            raise _Unsafe(f"needs global '{module}.{qual}', which no checkpoint needs (unpickling "
+                          f"it could run code)")
+        return _Global(module, qual)
+
+    def call(self, func, args) -> "_Object":
+        if not isinstance(func, _Global):
+            raise _Unsafe("calls something other than an allowed global")
+        if (func.module, func.name) == ("torch.storage", "_load_from_bytes"):
+            if (not isinstance(args, tuple) or len(args) != 1
+                    or not isinstance(args[0], (bytes, bytearray))):
+                raise _Unsafe("calls '_load_from_bytes' on other than literal bytes")
+            _load_checked(io.BytesIO(bytes(args[0])))
+        return _Object(func)
+
+    def run(self, code: str, arg) -> None:
+        """One opcode: those that name, call or build objects here, the others in `_data`."""
+        if code in ("GLOBAL", "INST"):
+            module, _, qual = arg.partition(" ")
+            g = self.name(module, qual)
+            self.stack.append(self.call(g, tuple(self.pop_mark())) if code == "INST" else g)
+        elif code == "STACK_GLOBAL":
+            module, qual = self.pop(2)
+            if not (isinstance(module, str) and isinstance(qual, str)):
+                raise _Unsafe("names a global it computes (STACK_GLOBAL of non-literals)")
+            self.stack.append(self.name(module, qual))
+        elif code in ("REDUCE", "NEWOBJ"):
+            func, args = self.pop(2)
+            self.stack.append(self.call(func, args))
+        elif code == "NEWOBJ_EX":
+            cls, args, _kw = self.pop(3)
+            self.stack.append(self.call(cls, args))
+        elif code == "OBJ":
+            items = self.pop_mark()
+            if not items:
+                raise _Unsafe("is not a well-formed pickle (OBJ without a class)")
+            self.stack.append(self.call(items[0], tuple(items[1:])))
+        elif code == "BUILD":
+            self.pop()
+            if not self.stack or not isinstance(self.stack[-1], _Object):
+                raise _Unsafe("sets the state of something that is not an object it made")
+        elif code in ("EXT1", "EXT2", "EXT4", "NEXT_BUFFER", "READONLY_BUFFER"):
+            raise _Unsafe(f"uses pickle opcode {code}, which no checkpoint needs")
+        else:
+            self._data(code, arg)
+
+    def _data(self, code: str, arg) -> None:
+        """Opcodes that move literals, containers and memo entries."""
+        stack = self.stack
+        if code == "PROTO":
+            self.proto = arg
+        elif code == "FRAME":
+            pass
+        elif code == "MARK":
+            stack.append(self.mark)
+        elif code in ("TUPLE", "LIST", "DICT", "FROZENSET"):
+            items = self.pop_mark()
+            stack.append(tuple(items) if code == "TUPLE" else _Object(None))
+        elif code in ("TUPLE1", "TUPLE2", "TUPLE3"):
+            stack.append(tuple(self.pop(int(code[-1]))))
+        elif code == "EMPTY_TUPLE":
+            stack.append(())
+        elif code in ("EMPTY_LIST", "EMPTY_DICT", "EMPTY_SET", "BYTEARRAY8"):
+            stack.append(_Object(None))
+        elif code in ("APPEND", "SETITEM"):
+            self.pop(1 if code == "APPEND" else 2)
+        elif code in ("APPENDS", "SETITEMS", "ADDITEMS", "POP_MARK"):
+            self.pop_mark()
+        elif code == "POP":
+            self.pop()
+        elif code == "DUP":
+            stack.append(self.pop()[0])
+            stack.append(stack[-1])
+        elif code in ("PUT", "BINPUT", "LONG_BINPUT", "MEMOIZE"):
+            top = self.pop()[0]
+            stack.append(top)
+            self.memo[len(self.memo) if code == "MEMOIZE" else arg] = top
+        elif code in ("GET", "BINGET", "LONG_BINGET"):
+            if arg not in self.memo:
+                raise _Unsafe("is not a well-formed pickle (unknown memo entry)")
+            stack.append(self.memo[arg])
+        elif code == "PERSID":
+            stack.append(_Object(None))
+        elif code == "BINPERSID":
+            self.pop()
+            stack.append(_Object(None))
+        elif code in _LITERALS:
+            stack.append(arg)   # (True, False and None as None: only text and bytes matter)
+        else:
+            raise _Unsafe(f"uses pickle opcode {code}, which no checkpoint needs")
+
+
+_LITERALS = frozenset({
+    "INT", "BININT", "BININT1", "BININT2", "LONG", "LONG1", "LONG4", "FLOAT", "BINFLOAT", "NONE",
+    "NEWTRUE", "NEWFALSE", "STRING", "BINSTRING", "SHORT_BINSTRING", "UNICODE", "BINUNICODE",
+    "SHORT_BINUNICODE", "BINUNICODE8", "BINBYTES", "SHORT_BINBYTES", "BINBYTES8"})
+
+
+class _Global:
+    def __init__(self, module: str, name: str):
+        self.module, self.name = module, name
+
+
+class _Object:
+    """What calling an allowed global (or building a list or dict) would have made."""
+
+    def __init__(self, made_by):
+        self.made_by = made_by

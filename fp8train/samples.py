@@ -1,5 +1,5 @@
 """A few generated texts at each evaluation: a loss curve says how much a model learned, a
-sample says what. Written to <output_dir>/samples.jsonl and to a W&B table."""
+sample says what. The logger writes them to <output_dir>/samples.jsonl and a W&B table."""
 from __future__ import annotations
 
 import torch
@@ -9,43 +9,40 @@ from .data import build_tokenizer
 from .model import generate
 
 
-class Sampler:
+class TextSampler:
     """Continues the first tokens of fixed validation sequences with its own seeded generator
     (the training RNG is untouched, so a run with samples trains exactly like one without).
     Every rank generates the same samples, because under FSDP each forward is a collective;
     the main process decodes and writes them."""
 
-    def __init__(self, cfg, mcfg, prec, accelerator, writer, warn):
-        self.cfg, self.mcfg, self.prec, self.acc = cfg, mcfg, prec, accelerator
-        self.writer = writer  # a MetricsWriter on samples.jsonl: truncated on resume alike
-        self.prompt_tokens = max(1, min(32, cfg.seq_len // 2))
+    def __init__(self, ev, tokenizer: str, seed: int, mcfg, prec, accelerator, warn):
+        """`ev`: the config's eval section (eval_samples, sample_tokens)."""
+        self.ev, self.seed, self.mcfg, self.prec, self.acc = ev, seed, mcfg, prec, accelerator
+        self.prompt_tokens = max(1, min(32, mcfg.block_size // 2))
         self.tokenizer = None
         if accelerator.is_main_process:
             try:
-                self.tokenizer = build_tokenizer(cfg.tokenizer)
+                self.tokenizer = build_tokenizer(tokenizer)
             except ConfigError as e:
                 warn(f"no text samples: {e}")
 
     def take(self, model, eval_set, step: int) -> list[dict]:
-        prompts = torch.cat([x for x, _ in eval_set])[:self.cfg.eval_samples, :self.prompt_tokens]
+        prompts = torch.cat([x for x, _ in eval_set])[:self.ev.eval_samples, :self.prompt_tokens]
         device = self.acc.device
-        gen = torch.Generator(device=device).manual_seed(self.cfg.seed)
+        gen = torch.Generator(device=device).manual_seed(self.seed)
         # No DDP hooks, no torch.compile recompiling for every length (FSDP stays FSDP).
         net = self.acc.unwrap_model(model, keep_torch_compile=False)
         was_training = net.training
         net.eval()
         with torch.no_grad(), self.prec.sampling_context():
-            out = generate(net, prompts.to(device), self.cfg.sample_tokens, self.mcfg.vocab_size,
+            out = generate(net, prompts.to(device), self.ev.sample_tokens, self.mcfg.vocab_size,
                            self.mcfg.block_size, gen)
         net.train(was_training)
         if self.tokenizer is None:  # not the main process, or no tokenizer to decode with
             return []
-        rows = [{"step": step, "prompt": self.tokenizer.decode(p.tolist()),
+        return [{"step": step, "prompt": self.tokenizer.decode(p.tolist()),
                  "sample": self.tokenizer.decode(o[self.prompt_tokens:].tolist())}
                 for p, o in zip(prompts, out.cpu())]
-        for r in rows:
-            self.writer.write(r)
-        return rows
 
 
 def sample_text(path: str, prompt: str, num_samples: int = 1, max_new_tokens: int = 200,

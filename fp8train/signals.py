@@ -11,9 +11,11 @@ import threading
 import time
 from typing import Optional
 
+from .agreement import agreed_max
+
 STOP_SIGNALS = tuple(getattr(signal, name) for name in ("SIGTERM", "SIGINT", "SIGUSR1")
                      if hasattr(signal, name))
-EXIT_STOPPED = 3
+STOP_SIGNAL_BASE = 100   # agreed stop value: 1 = max_hours, BASE + signum = a signal
 
 
 class StopRequests:
@@ -56,3 +58,44 @@ class StopRequests:
     @property
     def name(self) -> str:
         return signal.Signals(self.received).name if self.received else ""
+
+
+class Stopper:
+    """Whether the run stops after this step, agreed by every rank: a signal on any rank, or
+    max_hours. The agreement is one small all-reduce (a host sync), so it runs every few steps,
+    at most 10 apart (soon enough for SLURM's warning) and at every log step, never every step
+    on more than one rank."""
+
+    def __init__(self, max_hours: Optional[float], log_interval: int, world: int, device):
+        self.max_hours, self.device = max_hours, device
+        self.every = 1 if world == 1 else min(log_interval, 10)
+        self.requests = StopRequests()
+        self.started = time.time()
+        self.signalled = False     # the agreed reason is a signal: exit 3, resumable
+
+    def __enter__(self) -> "Stopper":
+        self.started = time.time()   # max_hours counts this invocation's training
+        self.requests.install()
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.requests.restore()
+
+    def check(self, step: int, logged: bool, last: bool) -> Optional[str]:
+        """The reason to stop after `step`, or None (the last step ends the run anyway)."""
+        if last or not (logged or step % self.every == 0):
+            return None
+        received = self.requests.received
+        over_time = self.max_hours is not None and \
+            time.time() - self.started > self.max_hours * 3600
+        # The signal number itself is agreed (offset past the max_hours flag), so every rank
+        # names the same signal, whichever rank it reached first.
+        why = agreed_max(STOP_SIGNAL_BASE + received if received else int(over_time),
+                         self.device)
+        if why > STOP_SIGNAL_BASE:
+            self.signalled = True
+            return f"{signal.Signals(why - STOP_SIGNAL_BASE).name} received" + \
+                ("" if received else " by another rank")
+        if why == 1:
+            return f"max_hours ({self.max_hours:g}) reached"
+        return None

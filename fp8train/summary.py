@@ -1,29 +1,25 @@
-"""The end-of-run report: printed, written to <output_dir>/summary.json and set as the W&B
-run's summary. Everything in it is measured by the run itself; a value that does not apply
-(no GPU: no MFU or memory; no target) is null rather than made up."""
+"""The end-of-run report: printed, and written by the run's logger to <output_dir>/summary.json
+and the W&B run's summary. Everything in it is measured by the run itself; a value that does
+not apply (no GPU: no MFU or memory; no target) is null rather than made up."""
 from __future__ import annotations
 
-import json
-import os
-
 from .metrics import mfu
-from .redaction import redact
-
-SUMMARY_NAME = "summary.json"
 
 
-def build(cfg, st, status: str, exit_code: int, plan, precision: dict, flops_per_token: float,
-          peak: float | None, peak_memory_gb: float | None, final_val: tuple | None,
-          latest_checkpoint: str | None, total_steps: int, n_params: int) -> dict:
-    """`st` is the TrainState; `final_val` (step, val/loss) of the last evaluation."""
+def build(facts: dict, st, precision: dict, outcome: dict) -> dict:
+    """`facts`: what the run decided at start (its derived values, model, target, peak FLOP/s);
+    `st`: the TrainState; `precision`: the precision's derived values now (a rollback may have
+    turned FP8 off); `outcome`: status, exit_code, final_val ((step, val/loss) of the last
+    evaluation), latest_checkpoint and peak_memory_gb."""
     steady = st.steady_seconds > 0
     tok_s = st.steady_tokens / st.steady_seconds if steady else None
-    target = cfg.target_val_loss
+    target = facts["target_val_loss"]
     met = target is not None and st.target_step is not None and st.target == target
-    best = st.best_val_loss
+    best, final_val = st.best_val_loss, outcome["final_val"]
+    world = facts["world_size"]
     return {
-        "status": status, "exit_code": exit_code,
-        "steps": st.step, "total_steps": total_steps, "tokens": st.tokens,
+        "status": outcome["status"], "exit_code": outcome["exit_code"],
+        "steps": st.step, "total_steps": facts["total_steps"], "tokens": st.tokens,
         "final_val_loss": final_val[1] if final_val else None,
         "final_val_step": final_val[0] if final_val else None,
         "best_val_loss": best, "best_val_step": st.best_val_step,
@@ -37,30 +33,20 @@ def build(cfg, st, status: str, exit_code: int, plan, precision: dict, flops_per
         "wall_time_s": st.wall_seconds,
         "train_time_s": st.train_seconds,
         "tokens_per_sec": tok_s,
-        "mfu": mfu(flops_per_token, tok_s / plan.world, peak) if tok_s else None,
+        "mfu": mfu(facts["flops_per_token"], tok_s / world, facts["peak_flops"])
+        if tok_s else None,
         "steady_state_tokens": st.steady_tokens,
-        "peak_memory_gb": peak_memory_gb,
-        "batch": {"micro_batch_size": plan.micro, "gradient_accumulation_steps": plan.accum,
-                  "world_size": plan.world, "effective_batch_size": plan.effective,
-                  "tokens_per_step": plan.effective * cfg.seq_len},
+        "peak_memory_gb": outcome["peak_memory_gb"],
+        "batch": {k: facts[k] for k in ("micro_batch_size", "gradient_accumulation_steps",
+                                         "world_size", "effective_batch_size",
+                                         "tokens_per_step")},
         "precision": precision.get("precision"), "fp8": precision.get("fp8"),
         "fp8_layers_converted": precision.get("fp8_layers", 0),
-        "model": cfg.model, "n_params": n_params,
+        "model": facts["model"], "n_params": facts["n_params"],
         "skipped_steps": st.skipped_steps, "rollbacks": st.rollbacks,
-        "checkpoints_written": st.checkpoints_written, "latest_checkpoint": latest_checkpoint,
+        "checkpoints_written": st.checkpoints_written,
+        "latest_checkpoint": outcome["latest_checkpoint"],
     }
-
-
-def write(output_dir: str, summary: dict) -> str:
-    """summary.json, replaced atomically (a crash never leaves half a file), with secret values
-    from the environment redacted (fp8train/secrets.py)."""
-    path = os.path.join(output_dir, SUMMARY_NAME)
-    tmp = f"{path}.tmp"
-    with open(tmp, "w", encoding="utf-8") as fh:
-        json.dump(redact(summary), fh, indent=1)
-        fh.write("\n")
-    os.replace(tmp, path)
-    return path
 
 
 def describe(s: dict) -> list[str]:

@@ -2,10 +2,10 @@
 cost of the run: any W&B failure becomes one warning, then offline logging (syncable later with
 `wandb sync`), then none. metrics.jsonl is written either way.
 
-Secret values from the environment (fp8train/secrets.py) are redacted from everything handed to
-W&B: the run's config, name, tags and summary, the text samples, and the command line W&B
-records in the run's metadata. W&B itself reads WANDB_API_KEY to authenticate and records no
-environment variables."""
+Rows, samples and the summary reach it through the run's logger (logger.py), which redacts
+secret values from the environment first; the run's config, name, tags and the command line W&B
+records in the run's metadata are redacted here with the logger's `clean`. W&B itself reads
+WANDB_API_KEY to authenticate and records no environment variables."""
 from __future__ import annotations
 
 import importlib.metadata
@@ -15,11 +15,11 @@ import secrets
 import string
 import subprocess
 import sys
-from typing import Callable, Optional
+from typing import Optional
 
 import torch
 
-from .redaction import redact, secret_values
+from .errors import one_line
 
 RUN_ID_FILE = "wandb_run_id"
 
@@ -74,17 +74,18 @@ class Tracker:
     """W&B for one run. `accelerator` must have been built with log_with="wandb" (see
     `log_with`). All methods are no-ops on other ranks and after W&B has been given up."""
 
-    def __init__(self, accelerator, warn: Callable[[str], None], info: Callable[[str], None]):
-        self.acc, self.warn, self.info = accelerator, warn, info
+    def __init__(self, accelerator, log):
+        """`log`: the run's logger (its warn, msg and clean)."""
+        self.acc, self.warn, self.info, self._redact = accelerator, log.warn, log.msg, log.clean
         self.active = False
         self.run = None
-        self._secrets = secret_values()   # read once
 
     @staticmethod
     def log_with(cfg) -> Optional[str]:
         return "wandb" if cfg.use_wandb and wandb_installed() else None
 
-    def start(self, cfg, config: dict, resuming: bool) -> None:
+    def start(self, cfg, run_dir: str, config: dict, resuming: bool) -> None:
+        """`cfg`: the config's wandb section; `run_dir`: the run's directory."""
         if not cfg.use_wandb:
             return
         if not wandb_installed():
@@ -95,11 +96,11 @@ class Tracker:
             return
         # The free-text fields a secret could be typed into by mistake are redacted; entity,
         # project and dir say where the run goes and are left as they are.
-        init = dict(tags=self._redact(list(cfg.wandb_tags)) or None, dir=cfg.output_dir,
+        init = dict(tags=self._redact(list(cfg.wandb_tags)) or None, dir=run_dir,
                     resume="allow")
         if not sweep_run_id():  # a sweep's agent names the run and fixes its id and entity
             init.update(entity=cfg.wandb_entity, name=self._redact(
-                cfg.wandb_run_name or os.path.basename(os.path.normpath(cfg.output_dir))))
+                cfg.wandb_run_name or os.path.basename(os.path.normpath(run_dir))))
         config = self._redact(config)
         # W&B records sys.argv in the run's metadata (its "args"): redact it in place. The
         # config has been parsed from it already; nothing reads it again.
@@ -107,7 +108,7 @@ class Tracker:
         if argv != sys.argv:
             sys.argv[:] = argv
         try:
-            init["id"] = self._run_id(cfg.output_dir, resuming)
+            init["id"] = self._run_id(run_dir, resuming)
             if not _has_credentials():
                 raise RuntimeError("no W&B API key (run `wandb login` or set WANDB_API_KEY)")
             self._init(cfg, config, init)
@@ -118,10 +119,10 @@ class Tracker:
                 self._init(cfg, config, dict(init, mode="offline"))
             except Exception as e2:
                 self.acc.trackers = []
-                self.warn(f"W&B: {_one_line(e)}; offline logging failed too ({_one_line(e2)}); "
+                self.warn(f"W&B: {one_line(e)}; offline logging failed too ({one_line(e2)}); "
                           "logging to metrics.jsonl only")
                 return
-            self.warn(f"W&B: {_one_line(e)}; continuing offline (sync later with `wandb sync "
+            self.warn(f"W&B: {one_line(e)}; continuing offline (sync later with `wandb sync "
                       f"{self.run.settings.sync_dir}`)")
         self.active = True
         mode = self.run.settings.mode
@@ -159,15 +160,12 @@ class Tracker:
         if self.active:
             self._guard(lambda: self.acc.log(row))
 
-    def _redact(self, obj):
-        return redact(obj, self._secrets)
-
     def log_samples(self, step: int, samples: list) -> None:
         if self.active and samples:
             def log():
                 import wandb
-                table = wandb.Table(columns=["step", "prompt", "sample"], data=self._redact(
-                    [[step, s["prompt"], s["sample"]] for s in samples]))
+                table = wandb.Table(columns=["step", "prompt", "sample"],
+                                    data=[[step, s["prompt"], s["sample"]] for s in samples])
                 self.acc.log({"step": step, "samples/text": table})
             self._guard(log)
 
@@ -176,12 +174,11 @@ class Tracker:
             fn()
         except Exception as e:
             self.active = False
-            self.warn(f"W&B logging failed ({_one_line(e)}); continuing with metrics.jsonl only")
+            self.warn(f"W&B logging failed ({one_line(e)}); continuing with metrics.jsonl only")
 
     def summary(self, values: dict) -> None:
         """The end-of-run report as the W&B run's summary (what the runs table shows)."""
         if self.active:
-            values = self._redact(values)
             self._guard(lambda: self.run.summary.update(
                 {f"summary/{k}": v for k, v in values.items() if not isinstance(v, dict)}
                 | {f"summary/{k}/{kk}": vv for k, v in values.items() if isinstance(v, dict)
@@ -201,7 +198,7 @@ class Tracker:
             try:
                 self.run.finish(exit_code=1 if failed else 0)
             except Exception as e:
-                self.warn(f"W&B: finishing the run failed ({_one_line(e)})")
+                self.warn(f"W&B: finishing the run failed ({one_line(e)})")
 
 
 def _has_credentials() -> bool:
@@ -221,7 +218,3 @@ def _finish_any_run() -> None:
     except Exception:
         pass
 
-
-def _one_line(e: BaseException) -> str:
-    text = " ".join(str(e).split()) or type(e).__name__
-    return text[:300]

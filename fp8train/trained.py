@@ -16,7 +16,7 @@ import torch
 
 from . import config as config_mod
 from .checkpoint import CONFIG_NAME, find_checkpoint, read_manifest
-from .safe_load import safe_unpickle
+from .safe_load import describe_error, safe_unpickle
 from .config import Config, ConfigError
 from .model import GPT, ModelConfig, RotaryEmbedding, model_config_from
 
@@ -71,18 +71,24 @@ def read_state(checkpoint: str) -> dict:
     here runs a pickle's code: safetensors, torch.load(weights_only=True), DCP read as
     `_read_dcp` says; TE's pickled `_extra_state` entries are read as bytes, never unpickled."""
     files = os.listdir(checkpoint)
-    if "model.safetensors" in files:
-        from safetensors.torch import load_file
-        state = load_file(os.path.join(checkpoint, "model.safetensors"))
-    elif "pytorch_model_fsdp_0" in files:
+    if "pytorch_model_fsdp_0" in files and "model.safetensors" not in files:
         state = _read_dcp(os.path.join(checkpoint, "pytorch_model_fsdp_0"))
     else:
-        name = next((f for f in ("pytorch_model.bin", "pytorch_model_fsdp.bin") if f in files),
-                    None)
+        name = next((f for f in ("model.safetensors", "pytorch_model.bin",
+                                 "pytorch_model_fsdp.bin") if f in files), None)
         if name is None:
             raise ConfigError(f"checkpoint '{checkpoint}' holds no model state (model.safetensors, "
                               f"pytorch_model_fsdp_0/ or pytorch_model.bin)")
-        state = torch.load(os.path.join(checkpoint, name), map_location="cpu", weights_only=True)
+        path = os.path.join(checkpoint, name)
+        try:
+            if name.endswith(".safetensors"):
+                from safetensors.torch import load_file
+                state = load_file(path)
+            else:
+                state = torch.load(path, map_location="cpu", weights_only=True)
+        except Exception as e:   # safetensors and torch raise their own kinds; nothing ran
+            raise ConfigError(f"checkpoint '{checkpoint}': {name} cannot be read "
+                              f"({describe_error(e)})") from None
     out = {}
     for key, value in state.items():
         for prefix in WRAPPER_PREFIXES:

@@ -34,10 +34,11 @@ import subprocess
 import sys
 import time
 
-ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-sys.path.insert(0, ROOT)
+from fp8train.errors import EXIT_FAILED, EXIT_OK
 
-# The default fits its 9.5-minute budget (estimated in the README, "Benchmark"): one probe and
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))   # where train_fp8.py is
+
+# The default fits its 9.5-minute budget (estimated in docs/gpu.md, "Benchmark"): one probe and
 # two compiled runs. --full is every preset × every precision, 32-55 minutes (estimated).
 GPU_SUITE = dict(presets="gpt2-124m", precisions="bf16,te", compile="on", steps=20, warmup=10,
                  seq_len=1024, max_batch=64, budget_min=9.5)
@@ -312,7 +313,7 @@ def main(argv=None) -> int:
     print("\n" + table(results))
     print(f"\nwrote {args.out}/results.json and {args.out}/results.md "
           f"({(time.time() - t0) / 60:.1f} min)")
-    return 0 if all(r["status"] == "ok" for r in results) else 1
+    return EXIT_OK if all(r["status"] == "ok" for r in results) else EXIT_FAILED
 
 
 if __name__ == "__main__":

@@ -14,13 +14,10 @@ import argparse
 import json
 import multiprocessing as mp
 import os
-import sys
 import tempfile
 import time
 
-sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-
-import numpy as np  # noqa: E402
+import numpy as np
 
 
 def _read(path, seq_len, micro, seconds, seed, out):

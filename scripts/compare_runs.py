@@ -17,9 +17,8 @@ import json
 import os
 import sys
 
-sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-
-from plot_run import load_rows  # noqa: E402  (the same tolerant metrics.jsonl reader)
+from fp8train.errors import EXIT_OK, ConfigError, run_reported
+from fp8train.metrics_reader import load_rows
 
 # (label, summary key or function of the summary, format)
 ROWS = [
@@ -58,10 +57,6 @@ X_AXES = {"wall": ("time/wall_s", "wall time (min)", 1 / 60),
           "tokens": ("tokens", "tokens (millions)", 1e-6)}
 
 
-class BadInput(Exception):
-    pass
-
-
 def _hms(seconds):
     if seconds is None:
         return None
@@ -72,7 +67,7 @@ def _hms(seconds):
 def read_run(run_dir: str) -> tuple[dict, list]:
     """(summary, metrics rows). Without summary.json, a partial summary from the metrics."""
     if not os.path.isdir(run_dir):
-        raise BadInput(f"run directory '{run_dir}' does not exist")
+        raise ConfigError(f"run directory '{run_dir}' does not exist")
     metrics = os.path.join(run_dir, "metrics.jsonl")
     rows = load_rows(metrics) if os.path.isfile(metrics) else []
     path = os.path.join(run_dir, "summary.json")
@@ -81,13 +76,13 @@ def read_run(run_dir: str) -> tuple[dict, list]:
             with open(path, encoding="utf-8") as fh:
                 summary = json.load(fh)
         except (OSError, ValueError) as e:
-            raise BadInput(f"cannot read '{path}': {e}") from None
+            raise ConfigError(f"cannot read '{path}': {e}") from None
         if not isinstance(summary, dict):
-            raise BadInput(f"'{path}' is not a summary (a JSON object)")
+            raise ConfigError(f"'{path}' is not a summary (a JSON object)")
         return summary, rows
     if not rows:
-        raise BadInput(f"'{run_dir}' has neither summary.json nor metrics.jsonl: not a run "
-                       f"directory")
+        raise ConfigError(f"'{run_dir}' has neither summary.json nor metrics.jsonl: not a "
+                          "run directory")
     evals = [r for r in rows if "val/loss" in r]
     summary = {"status": "no summary.json (unfinished?)", "steps": rows[-1]["step"],
                "tokens": rows[-1].get("tokens"),
@@ -150,11 +145,12 @@ def main(argv=None) -> int:
                    help="x axis of the plot: wall time, training time or tokens")
     p.add_argument("--no_plot", action="store_true", help="the table only")
     a = p.parse_args(argv)
-    try:
-        runs = [read_run(d) for d in a.run_dirs]
-    except BadInput as e:
-        print(f"error: {e}", file=sys.stderr)
-        return 2
+    return run_reported(lambda: compare(a))
+
+
+def compare(a) -> int:
+    """The table (printed and written) and the plot; ConfigError for bad input."""
+    runs = [read_run(d) for d in a.run_dirs]
     names = [os.path.basename(os.path.normpath(d)) for d in a.run_dirs]
     if len(set(names)) < len(names):   # same leaf name: show the parent too
         names = [os.path.join(*os.path.normpath(d).split(os.sep)[-2:]) for d in a.run_dirs]
@@ -165,20 +161,17 @@ def main(argv=None) -> int:
         with open(os.path.join(a.out, "compare.md"), "w", encoding="utf-8") as fh:
             fh.write(md + "\n")
     except OSError as e:
-        print(f"error: cannot write to '{a.out}': {e.strerror or e}", file=sys.stderr)
-        return 2
+        raise ConfigError(f"cannot write to '{a.out}': {e.strerror or e}") from None
     if not a.no_plot:
         import importlib.util
         if importlib.util.find_spec("matplotlib") is None:
-            print("error: the plot needs matplotlib: pip install matplotlib (or --no_plot)",
-                  file=sys.stderr)
-            return 2
+            raise ConfigError("the plot needs matplotlib: pip install matplotlib (or --no_plot)")
         dest = os.path.join(a.out, "val_loss.png")
         note = plot(names, [r for _, r in runs], a.x, dest)
         print(f"\nwrote {os.path.join(a.out, 'compare.md')} and {dest}")
         if note:
             print(f"note: {note}")
-    return 0
+    return EXIT_OK
 
 
 if __name__ == "__main__":

@@ -12,10 +12,7 @@ split instead. Exit 0: evaluated; 2: bad input (checkpoint, data, options).
 """
 import argparse
 import json
-import os
 import sys
-
-sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 
 def main(argv=None) -> int:
@@ -34,8 +31,7 @@ def main(argv=None) -> int:
     p.add_argument("--json", action="store_true", help="print the result as one JSON object")
     a = p.parse_args(argv)
 
-    from fp8train.cli import run_tool
-    from fp8train.config import ConfigError
+    from fp8train.errors import ConfigError, run_reported
 
     def body():
         for key in ("eval_sequences", "batch_size"):
@@ -56,7 +52,7 @@ def main(argv=None) -> int:
             print(f"the run logged val/loss {r['logged_val_loss']:.4f} at step {r['step']:,} "
                   f"(difference {r[f'{s}/loss'] - r['logged_val_loss']:+.2e})")
         return 0
-    return run_tool(body)
+    return run_reported(body)
 
 
 if __name__ == "__main__":

@@ -12,10 +12,7 @@ directory is loaded back with transformers and its logits compared with ours; th
 to OUT_DIR/fp8train_export.json. Exit 0: exported and checked; 2: bad input; 1: the check failed.
 """
 import argparse
-import os
 import sys
-
-sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 
 def main(argv=None) -> int:
@@ -31,7 +28,7 @@ def main(argv=None) -> int:
     p.add_argument("--overwrite", action="store_true", help="replace what OUT_DIR holds")
     a = p.parse_args(argv)
 
-    from fp8train.cli import run_tool
+    from fp8train.errors import run_reported
 
     def body():
         from fp8train.hf_export import export
@@ -39,7 +36,7 @@ def main(argv=None) -> int:
                overwrite=a.overwrite, log=print, warn=lambda m: print(f"warning: {m}",
                                                                       file=sys.stderr))
         return 0
-    return run_tool(body)
+    return run_reported(body)
 
 
 if __name__ == "__main__":

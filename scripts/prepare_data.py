@@ -14,8 +14,6 @@ import argparse
 import os
 import sys
 
-sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-
 
 def main(argv=None) -> int:
     p = argparse.ArgumentParser(description=__doc__.split("\n")[0],
@@ -44,13 +42,14 @@ def main(argv=None) -> int:
     p.add_argument("--max_tokens", type=int, help="stop after N tokens (a sample)")
     a = p.parse_args(argv)
 
-    from fp8train.config import ConfigError
+    from fp8train.errors import EXIT_OK, ConfigError, run_reported
     from fp8train.prepare import PrepareArgs, prepare
     name = a.name or (a.dataset if not os.path.splitext(a.dataset)[1] and "*" not in a.dataset
                       else os.path.splitext(os.path.basename(a.dataset.replace("*", "all")))[0])
     data_dir = a.data_dir or os.environ.get("FP8TRAIN_DATA_DIR") or "data"
     out = a.output_dir or os.path.join(data_dir, name)
-    try:
+
+    def body() -> int:
         for key in ("num_proc", "shard_tokens"):
             if getattr(a, key) < 1:
                 raise ConfigError(f"--{key} must be at least 1")
@@ -59,10 +58,8 @@ def main(argv=None) -> int:
                             streaming=a.streaming, num_proc=a.num_proc,
                             shard_tokens=a.shard_tokens, val_tokens=a.val_tokens,
                             val_docs=a.val_docs, max_tokens=a.max_tokens))
-    except ConfigError as e:
-        print(f"error: {e}", file=sys.stderr)
-        return 2
-    return 0
+        return EXIT_OK
+    return run_reported(body)
 
 
 if __name__ == "__main__":

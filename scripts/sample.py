@@ -11,10 +11,7 @@ run's tokenizer, from the model's high-precision weights (FP8-trained models inc
 """
 import argparse
 import json
-import os
 import sys
-
-sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 
 def main(argv=None) -> int:
@@ -31,8 +28,7 @@ def main(argv=None) -> int:
     p.add_argument("--json", action="store_true", help="one JSON object per sample")
     a = p.parse_args(argv)
 
-    from fp8train.cli import run_tool
-    from fp8train.config import ConfigError
+    from fp8train.errors import ConfigError, run_reported
 
     def body():
         for key, low in (("num_samples", 1), ("max_new_tokens", 1), ("top_k", 0)):
@@ -51,7 +47,7 @@ def main(argv=None) -> int:
             else:
                 print(f"--- sample {i + 1}\n{a.prompt}{text}")
         return 0
-    return run_tool(body)
+    return run_reported(body)
 
 
 if __name__ == "__main__":

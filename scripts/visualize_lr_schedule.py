@@ -4,11 +4,10 @@
     python scripts/visualize_lr_schedule.py --warmup_steps 2000 --total_steps 20000 --max_lr 0.003
 """
 import argparse
-import os
 import sys
 
-sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."))
-from fp8train.schedule import lr_at  # noqa: E402
+from fp8train.errors import EXIT_OK, ConfigError, run_reported
+from fp8train.schedule import lr_at
 
 
 def main(argv=None) -> int:
@@ -24,6 +23,11 @@ def main(argv=None) -> int:
     if not 0 <= a.warmup_steps < a.total_steps:
         p.error(f"warmup_steps ({a.warmup_steps}) must be in [0, total_steps) "
                 f"= [0, {a.total_steps})")
+    return run_reported(lambda: plot_schedule(a))
+
+
+def plot_schedule(a) -> int:
+    """Print sampled values, then write the PNG; ConfigError when it cannot be written."""
     kw = dict(max_lr=a.max_lr, warmup_steps=a.warmup_steps, total_steps=a.total_steps,
               min_lr_ratio=a.min_lr_ratio)
     steps = list(range(a.total_steps))
@@ -38,9 +42,8 @@ def main(argv=None) -> int:
     try:
         import matplotlib
     except ImportError:
-        print("error: the plot needs matplotlib: pip install matplotlib (or -e '.[dev]')",
-              file=sys.stderr)
-        return 2
+        raise ConfigError("the plot needs matplotlib: pip install matplotlib "
+                          "(or -e '.[dev]')") from None
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
     fig, ax = plt.subplots(figsize=(8, 4))
@@ -56,10 +59,9 @@ def main(argv=None) -> int:
     try:
         fig.savefig(a.output, dpi=100)
     except OSError as e:
-        print(f"error: cannot write '{a.output}': {e.strerror or e}", file=sys.stderr)
-        return 2
+        raise ConfigError(f"cannot write '{a.output}': {e.strerror or e}") from None
     print(f"wrote {a.output}")
-    return 0
+    return EXIT_OK
 
 
 if __name__ == "__main__":

@@ -33,8 +33,13 @@ def run_train(*args, env=None, timeout=600) -> subprocess.CompletedProcess:
     """`python train_fp8.py ARGS` in a real subprocess, from the repository root."""
     full_env = dict(os.environ, FP8TRAIN_DATA_DIR=DATA_DIR, PYTHONUNBUFFERED="1")
     full_env.update(env or {})
-    return subprocess.run([sys.executable, "train_fp8.py", *map(str, args)], cwd=ROOT,
+    return subprocess.run([sys.executable, entry_script(full_env), *map(str, args)], cwd=ROOT,
                           env=full_env, capture_output=True, text=True, timeout=timeout)
+
+
+def entry_script(env) -> str:
+    """train_fp8.py, or with FP8TRAIN_FAULTS set its fault-injecting twin (tests/faults.py)."""
+    return "tests/train_with_faults.py" if env.get("FP8TRAIN_FAULTS") else "train_fp8.py"
 
 
 def tiny_args(output_dir, **overrides):

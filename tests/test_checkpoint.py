@@ -1,5 +1,7 @@
 """Checkpoint directory bookkeeping (the save itself is exercised end to end in test_train)."""
 
+import os
+
 import pytest
 
 from fp8train.checkpoint import CheckpointManager, resolve_resume
@@ -63,7 +65,7 @@ def test_changed_on_resume_reports_only_keys_that_change_training(tmp_path):
 def test_train_clock_excludes_paused_time():
     import time
     import torch
-    from fp8train.trainer import _TrainClock
+    from fp8train.metrics import TrainClock as _TrainClock
     clock = _TrainClock(torch.device("cpu"))
     time.sleep(0.05)
     clock.pause()
@@ -132,3 +134,93 @@ def test_changed_on_resume_compares_data_size_and_effective_batch(tmp_path):
                                                   "effective_batch_size": 64}) == [
         "data (1000 train / 100 val tokens) -> (999 train / 100 val tokens)",
         "effective_batch_size 32 -> 64"]
+
+
+class _OneProcess:
+    """What CheckpointManager needs of an Accelerator, in one process: save_state writes a model
+    file, load_state records what it loaded."""
+    is_main_process, num_processes = True, 1
+
+    def __init__(self):
+        self.loaded = None
+
+    def save_state(self, directory):
+        os.makedirs(directory, exist_ok=True)
+        with open(os.path.join(directory, "model.safetensors"), "wb") as fh:
+            fh.write(b"weights")
+
+    def load_state(self, directory):
+        self.loaded = directory
+
+
+class _Phases:
+    """A fault hook that records each phase of a checkpoint write and what was on disk then."""
+
+    def __init__(self, root):
+        self.root, self.seen = root, []
+
+    def in_save(self, step, phase, where):
+        ckpts = os.path.join(self.root, "checkpoints")
+        latest = os.path.join(ckpts, "latest")
+        self.seen.append((phase, os.path.basename(where), sorted(os.listdir(where)),
+                          open(latest).read().strip() if os.path.exists(latest) else None))
+
+
+def test_train_state_round_trips_through_json_exactly():
+    import json
+    from fp8train.checkpoint import TrainState
+    st = TrainState()
+    st.step, st.tokens, st.data_position, st.fp8_off = 7, 7168, 112, True
+    st.train_seconds, st.best_val_loss, st.best_val_step = 0.1 + 0.2, 3.866330146789551, 6
+    back = TrainState.from_dict(json.loads(json.dumps(st.to_dict())))
+    assert back.to_dict() == st.to_dict() and back.train_seconds == 0.1 + 0.2
+    assert TrainState.from_dict({"step": 3}).to_dict() == {**TrainState().to_dict(), "step": 3}
+    for bad in ({"step": 1.5}, {"step": True}, {"fp8_off": 1}, {"best_val_loss": "x"}, [1]):
+        with pytest.raises(ValueError):
+            TrainState.from_dict(bad)
+
+
+def test_save_writes_in_four_phases_and_restore_reads_the_json(tmp_path, monkeypatch):
+    import json
+    from faults import install_save_faults
+    from fp8train.checkpoint import MANIFEST, TRAIN_STATE, TrainState, verify
+    phases = _Phases(str(tmp_path))
+    install_save_faults(phases, monkeypatch.setattr)   # observes the phases as faults would
+    m = CheckpointManager(str(tmp_path), keep=3)
+    acc, st = _OneProcess(), TrainState()
+    st.step, st.tokens, st.train_seconds = 3, 300, 1.25
+    path = m.save(acc, st, "model: tiny\n", dict(tokens=st.tokens, config_hash="h"))
+    assert path.endswith("step_0000003") and verify(path)[0] is None
+    state_files = ["config.yaml", "model.safetensors", TRAIN_STATE]
+    assert phases.seen == [
+        ("state", ".tmp-step_0000003", state_files, None),             # no manifest yet
+        ("manifest", ".tmp-step_0000003", sorted(state_files + [MANIFEST]), None),
+        ("pointer", "step_0000003", sorted(state_files + [MANIFEST]), None)]  # `latest` next
+    assert (tmp_path / "checkpoints" / "latest").read_text().strip() == "step_0000003"
+    manifest = json.loads(open(os.path.join(path, MANIFEST)).read())
+    assert manifest["format"] == 2 and manifest["step"] == 3 and manifest["tokens"] == 300
+    assert json.loads(open(os.path.join(path, TRAIN_STATE)).read()) == st.to_dict()
+    fresh = TrainState()
+    m.restore(acc, path, fresh)
+    assert acc.loaded == path and fresh.to_dict() == st.to_dict()
+
+
+def test_restore_refuses_another_format_before_loading_anything(tmp_path):
+    import json
+    from fp8train.checkpoint import MANIFEST, TRAIN_STATE, TrainState
+    m = CheckpointManager(str(tmp_path), keep=3)
+    acc, st = _OneProcess(), TrainState()
+    st.step = 5
+    path = m.save(acc, st, "", {})
+    manifest = json.loads(open(os.path.join(path, MANIFEST)).read())
+    (tmp_path / "checkpoints" / "step_0000005" / MANIFEST).write_text(
+        json.dumps({**manifest, "format": 1}))
+    with pytest.raises(ConfigError, match=r"cannot resume from .*step_0000005': it was written "
+                                          r"by another version of fp8train \(checkpoint format 1; "
+                                          r"this version resumes checkpoint format 2"):
+        m.restore(acc, path, TrainState())
+    (tmp_path / "checkpoints" / "step_0000005" / MANIFEST).write_text(json.dumps(manifest))
+    (tmp_path / "checkpoints" / "step_0000005" / TRAIN_STATE).write_text('{"step": "five"}')
+    with pytest.raises(ConfigError, match=f"{TRAIN_STATE} cannot be read"):
+        m.restore(acc, path, TrainState())
+    assert acc.loaded is None

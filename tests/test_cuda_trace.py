@@ -31,7 +31,7 @@ from fp8train.model import GPT, model_config_from
 from fp8train.precision.ao import TorchAO
 from fp8train.precision.native import Fp8Linear, Fp8State, Native
 from fp8train.precision.plain import BF16
-from fp8train.trainer import build_optimizer
+from fp8train.optimizer import build_optimizer
 
 # torchao asks for the autocast dtype the deprecated way.
 pytestmark = pytest.mark.filterwarnings("ignore:torch.get_autocast_gpu_dtype:DeprecationWarning")

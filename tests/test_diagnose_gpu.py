@@ -1,27 +1,36 @@
-"""scripts/diagnose_gpu.py on this CPU machine, for real, and its GPU report from injected numbers.
+"""The GPU check (scripts/diagnose_gpu.py, fp8train/diagnose) on this CPU machine, for real, and
+its GPU report from injected numbers.
 
 Run for real here: the whole script as a subprocess (no CUDA: it must say so, exit 0 and write
 its JSON), the import checks (torchao is installed in the test environment, Transformer Engine
 is not), and two of the FP8 GEMM checks themselves: torch._scaled_mm exists on CPU, so the
-native check runs its real GEMMs, and torchao's check runs with torchao's CPU emulation.
+native check runs its real GEMMs, and torchao's check runs with torchao's CPU emulation. SDPA's
+kernels and the matmul and copy timings also run on CPU, where they exist there.
 
 Not runnable without a GPU: the TE check, the attention kernels on CUDA and the timed ceilings
 (CUDA events). For those the tests feed made-up measurements of an H100 / A100 into the same
 functions main() uses to judge and print them (verdicts, percentages of metrics.py's peaks).
+Where a test needs a GPU to be there, only CUDA is mocked (torch.cuda's device queries, events
+and synchronisation; a fake nvidia-smi): everything else runs as it does on a GPU machine.
 """
-import importlib.util
+import contextlib
 import json
 import subprocess
 import sys
+import time
+import types
 
 import pytest
 import torch
 
 from conftest import ROOT
-
-spec = importlib.util.spec_from_file_location("diagnose_gpu", ROOT / "scripts" / "diagnose_gpu.py")
-dg = importlib.util.module_from_spec(spec)
-spec.loader.exec_module(dg)
+from fp8train.diagnose import attention, cli, environment
+from fp8train.diagnose.ceilings import judge_ceilings, measure_ceilings, timing_plan
+from fp8train.diagnose.checks import run_check
+from fp8train.diagnose.fp8_probes import (FWD_TOL, GRAD_TOL, check_native, check_torchao,
+                                          fp8_section, import_error, judge)
+from fp8train.diagnose.report import format_report, json_safe
+from fp8train.diagnose.verdicts import verdicts
 
 H100 = "NVIDIA H100 80GB HBM3"
 CPU = torch.device("cpu")
@@ -55,30 +64,30 @@ def test_script_on_a_cpu_machine_says_no_cuda_and_writes_json(tmp_path):
 
 def test_native_fp8_gemms_run_for_real_and_match_bf16():
     """torch._scaled_mm runs on CPU too: the native check's layouts, scales and tolerance."""
-    res = dg.run_check(dg.check_native, CPU)
+    res = run_check(check_native, CPU)
     assert res["ok"], res
-    assert 0.01 < res["fwd_err"] < dg.FWD_TOL and 0.01 < res["grad_err"] < dg.GRAD_TOL
+    assert 0.01 < res["fwd_err"] < FWD_TOL and 0.01 < res["grad_err"] < GRAD_TOL
 
 
 def test_torchao_check_runs_emulated_on_cpu():
-    res = dg.run_check(dg.check_torchao, CPU)
+    res = run_check(check_torchao, CPU)
     assert res["ok"], res
     assert "Float8Linear" in res["what"] and "emulated" in res["what"]
-    assert res["fwd_err"] < dg.FWD_TOL and res["grad_err"] < dg.GRAD_TOL
+    assert res["fwd_err"] < FWD_TOL and res["grad_err"] < GRAD_TOL
 
 
 def test_a_wrong_gemm_or_an_exception_is_a_failed_check_not_a_crash():
-    wrong = dg.run_check(lambda: dg._judge({"what": "gemm", "fwd_err": 0.9, "grad_err": 0.05}))
+    wrong = run_check(lambda: judge({"what": "gemm", "fwd_err": 0.9, "grad_err": 0.05}))
     assert not wrong["ok"] and "fwd_err relative error 0.9 > 0.1" in wrong["error"]
-    nan = dg.run_check(lambda: dg._judge({"what": "gemm", "fwd_err": float("nan")}))
+    nan = run_check(lambda: judge({"what": "gemm", "fwd_err": float("nan")}))
     assert not nan["ok"]
-    boom = dg.run_check(lambda: 1 / 0)
+    boom = run_check(lambda: 1 / 0)
     assert boom == {"ok": False, "error": "ZeroDivisionError: division by zero"}
 
 
 def test_size_must_be_a_multiple_of_16(capsys):
     with pytest.raises(SystemExit) as e:
-        dg.main(["--size", "1000"])
+        cli.main(["--size", "1000"])
     assert e.value.code == 2 and "multiple of 16" in capsys.readouterr().err
 
 
@@ -103,14 +112,14 @@ def _gpu_report(name, capability, measured, gate=None, torchao_gemm=None, cudnn=
         "attention": {"flash": {"ok": True, "rel_err": 0.002},
                       "efficient": {"ok": True, "rel_err": 0.002},
                       "cudnn": cudnn or {"ok": True, "rel_err": 0.002}},
-        "ceilings": dg.judge_ceilings(name, measured),
+        "ceilings": judge_ceilings(name, measured),
     }
-    report["verdicts"] = dg.verdicts(report)
+    report["verdicts"] = verdicts(report)
     return report
 
 
 def _measured(bf16, fp8=None, fp8_skipped=None):
-    plan = dg.timing_plan(8192, quick=False)
+    plan = timing_plan(8192, quick=False)
     m = {"plan": plan, "bf16_matmul": {"ok": True, "tflops": bf16, "ms": 1.7},
          "d2d_copy": {"ok": True, "gbps": 2950.0, "ms": 0.73, "bytes": 1 << 30},
          "h2d_pinned": {"ok": True, "gbps": 53.2, "ms": 5.0, "bytes": 256 << 20}}
@@ -126,7 +135,7 @@ def test_h100_report_prints_the_measured_ceilings_as_percent_of_the_datasheet_pe
     failed_cudnn = {"ok": False, "error": "RuntimeError: cuDNN attention refused"}
     report = _gpu_report(H100, [9, 0], _measured(650.0, 1300.0), torchao_gemm=failed_ao,
                          cudnn=failed_cudnn)
-    text = dg.format_report(report)
+    text = format_report(report)
     lines = text.splitlines()
     bf16 = next(line for line in lines if line.strip().startswith("bf16 matmul"))
     assert "650.0 TFLOP/s" in bf16 and "66% of the 989.4 TFLOP/s bf16 dense peak" in bf16
@@ -152,7 +161,7 @@ def test_old_gpu_says_fp8_needs_8_9_and_unknown_gpu_gets_no_percentages():
     gate = "FP8 needs compute capability 8.9 or newer (H100/H200, L40, RTX 4090); A100 is 8.0"
     report = _gpu_report("NVIDIA A100-SXM4-80GB", [8, 0], _measured(250.0, fp8_skipped=gate),
                          gate=gate)
-    text = dg.format_report(report)
+    text = format_report(report)
     assert f"FP8 ({gate}; imports only)" in text
     assert "250.0 TFLOP/s  80% of the 312 TFLOP/s bf16 dense peak" in text
     v = {r["feature"]: (r["status"], r["reason"]) for r in report["verdicts"]}
@@ -161,7 +170,204 @@ def test_old_gpu_says_fp8_needs_8_9_and_unknown_gpu_gets_no_percentages():
     assert v["FP8 te"][0] == "MISSING" and gate in v["FP8 te"][1]
 
     report = _gpu_report("NVIDIA GeForce RTX 4090", [8, 9], _measured(160.0, 320.0))
-    text = dg.format_report(report)
+    text = format_report(report)
     assert "no MFU: 'NVIDIA GeForce RTX 4090' is not in the peak table" in text
     assert "% of" not in next(line for line in text.splitlines() if "bf16 matmul" in line)
     assert "2.00x the bf16 matmul" in text
+
+
+# --- the moved logic, piece by piece, on CPU (only CUDA mocked, where a GPU has to be there) --
+
+def test_help_is_instant_and_imports_no_torch():
+    code = ("import runpy, sys; sys.argv = ['diagnose_gpu.py', '--help']\n"
+            "try:\n    runpy.run_path('scripts/diagnose_gpu.py', run_name='__main__')\n"
+            "except SystemExit as e:\n    assert e.code == 0, e.code\n"
+            "print('torch loaded' if 'torch' in sys.modules else 'no torch')")
+    r = subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True,
+                       timeout=60)
+    assert r.returncode == 0, r.stderr[-3000:]
+    assert "--size N" in r.stdout and r.stdout.strip().endswith("no torch")
+
+
+def test_json_that_cannot_be_written_is_one_error_line_and_exit_2(tmp_path, capsys):
+    code = cli.main(["--json", str(tmp_path)])   # a directory: open() fails
+    out, err = capsys.readouterr()
+    assert code == 2 and "Verdict" in out   # the report is printed before the JSON is written
+    assert err.strip().splitlines() == [f"error: cannot write {tmp_path}: Is a directory"]
+
+
+def test_json_safe_writes_non_finite_numbers_as_strings():
+    assert json_safe({"a": float("nan"), "b": (float("inf"), 1.5), "c": [None, "x"]}) == \
+        {"a": "nan", "b": ["inf", 1.5], "c": [None, "x"]}
+
+
+def test_cudnn_version_codes():
+    assert environment.cudnn_version(90100) == "9.1.0"
+    assert environment.cudnn_version(91002) == "9.10.2"
+    assert environment.cudnn_version(8907) == "8.9.7"
+
+
+def test_driver_version_from_nvidia_smi_else_from_torch(tmp_path, monkeypatch):
+    """A fake nvidia-smi on PATH; without one, torch's driver query (mocked: CPU builds have
+    none)."""
+    smi = tmp_path / "bin" / "nvidia-smi"
+    smi.parent.mkdir()
+    smi.write_text("#!/bin/sh\necho 570.124.06\n")
+    smi.chmod(0o755)
+    monkeypatch.setenv("PATH", str(smi.parent))
+    assert environment.driver_version() == ("570.124.06", "nvidia-smi")
+    monkeypatch.setenv("PATH", str(tmp_path / "empty"))
+    monkeypatch.setattr(torch._C, "_cuda_getDriverVersion", lambda: 12040, raising=False)
+    assert environment.driver_version() == ("supports CUDA 12.4", "torch (no nvidia-smi)")
+    monkeypatch.setattr(torch._C, "_cuda_getDriverVersion", lambda: 0)
+    assert environment.driver_version() == (None, None)
+
+
+def test_no_device_reason_names_the_cuda_build_and_the_driver_error(monkeypatch):
+    """A CUDA build of torch on a machine without a driver (mocked: torch.cuda only)."""
+    def no_driver():
+        raise RuntimeError("Found no NVIDIA driver on your system.\n  Please check that you "
+                           "have an NVIDIA GPU and installed a driver")
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
+    monkeypatch.setattr(torch.cuda, "init", no_driver)
+    monkeypatch.setattr(torch.version, "cuda", "12.8")
+    monkeypatch.delenv("CUDA_VISIBLE_DEVICES", raising=False)
+    dev = environment.device_info()
+    assert dev == {"cuda": False, "reason": (
+        f"torch {torch.__version__} is built for CUDA 12.8 but sees no GPU (Found no NVIDIA "
+        "driver on your system. Please check that you have an NVIDIA GPU and installed a "
+        "driver; CUDA_VISIBLE_DEVICES=unset)")}
+
+
+def _mock_gpu(monkeypatch, name, capability):
+    """torch.cuda answering as if `name` were device 0 of 8 (nothing runs on it)."""
+    props = types.SimpleNamespace(name=name, major=capability[0], minor=capability[1],
+                                  total_memory=80 * 2**30, multi_processor_count=132)
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    monkeypatch.setattr(torch.cuda, "current_device", lambda: 0)
+    monkeypatch.setattr(torch.cuda, "device_count", lambda: 8)
+    monkeypatch.setattr(torch.cuda, "get_device_properties", lambda i: props)
+    monkeypatch.setattr(torch.cuda, "get_device_capability", lambda d=None: tuple(capability))
+    monkeypatch.setattr(torch.cuda, "get_device_name", lambda d=None: name)
+
+
+def test_device_info_of_a_mocked_h100(monkeypatch):
+    _mock_gpu(monkeypatch, H100, (9, 0))
+    assert environment.device_info() == {
+        "cuda": True, "reason": None, "index": 0, "count": 8, "name": H100,
+        "capability": [9, 0], "memory_gib": 80.0, "sm_count": 132}
+
+
+@pytest.mark.skipif(torch.cuda.is_available(), reason="the GEMMs must fail for want of CUDA")
+def test_fp8_gemm_that_raises_is_a_failed_check_and_the_others_still_run(monkeypatch):
+    """An FP8-capable GPU as far as torch.cuda's queries go (mocked), but every tensor moved to
+    it fails: each importable backend gets a FAILED verdict with the library's error, none
+    crashes the check; TE (not installed) stays MISSING."""
+    _mock_gpu(monkeypatch, H100, (9, 0))
+    dev = environment.device_info()
+    fp8 = fp8_section(dev)
+    assert fp8["gate"] is None
+    backends = fp8["backends"]
+    assert backends["te"]["imports"] is False and backends["te"]["gemm"] is None
+    for name in ("torchao", "native"):
+        gemm = backends[name]["gemm"]
+        assert gemm["ok"] is False and gemm["error"] and "\n" not in gemm["error"], gemm
+    report = {"device": dev, "fp8": fp8, "versions": {"nccl_available": False, "nccl": None,
+                                                       "torch": torch.__version__}}
+    status = {v["feature"]: v["status"] for v in verdicts(report)}
+    assert status["FP8 hardware"] == "OK" and status["FP8 te"] == "MISSING"
+    assert status["FP8 torchao"] == status["FP8 native"] == "FAILED"
+
+
+def test_fp8_gate_of_a_mocked_a100_runs_no_gemm(monkeypatch):
+    _mock_gpu(monkeypatch, "NVIDIA A100-SXM4-80GB", (8, 0))
+    fp8 = fp8_section(environment.device_info())
+    assert "FP8 needs compute capability 8.9" in fp8["gate"] and "is 8.0" in fp8["gate"]
+    assert all(b["gemm"] is None for b in fp8["backends"].values())
+
+
+def test_import_errors_say_how_to_install_or_what_broke():
+    missing = ModuleNotFoundError("No module named 'torchao'", name="torchao.float8")
+    assert import_error(missing) == "torchao is not installed (pip install torchao)"
+    te = ModuleNotFoundError("No module named 'transformer_engine'", name="transformer_engine")
+    assert "transformer_engine is not installed (pip install --no-build-isolation" in \
+        import_error(te)
+    broken = OSError("libcudart.so.12: cannot open\n shared object file")
+    assert import_error(broken) == ("import failed (OSError: libcudart.so.12: cannot open "
+                                    "shared object file)")
+
+
+def test_attention_kernels_run_or_fail_one_by_one_on_cpu(monkeypatch):
+    """The real SDPA checks on CPU: torch has a CPU flash kernel, not the memory-efficient or
+    cuDNN ones, so those two fail as entries of their own. A kernel this torch does not name
+    at all is MISSING, not FAILED."""
+    res = attention.check_attention(CPU)
+    assert set(res) == {"flash", "efficient", "cudnn"}
+    assert res["flash"]["ok"] and res["flash"]["rel_err"] < attention.ATTN_TOL
+    for key in ("efficient", "cudnn"):
+        assert res[key]["ok"] is False and res[key]["error"] and "missing" not in res[key]
+    monkeypatch.setattr(attention, "ATTENTION", (("future", "FUTURE_ATTENTION"),))
+    assert attention.check_attention(CPU) == {"future": {
+        "ok": False, "missing": True,
+        "error": f"torch {torch.__version__} has no SDPBackend.FUTURE_ATTENTION"}}
+
+
+class _HostEvent:
+    """torch.cuda.Event on the host clock (CUDA events mocked)."""
+
+    def __init__(self, enable_timing=False):
+        self.t = None
+
+    def record(self):
+        self.t = time.perf_counter()
+
+    def elapsed_time(self, end):
+        return (end.t - self.t) * 1e3
+
+
+@pytest.mark.skipif(torch.cuda.is_available(), reason="mocks CUDA events on a CPU machine")
+def test_ceilings_measured_on_cpu_with_cuda_events_mocked(monkeypatch):
+    """The real matmuls (bf16 torch.mm, FP8 torch._scaled_mm) and copies on CPU, timed with
+    mocked CUDA events: the harness and its arithmetic, not a speed. Pinned memory needs a
+    GPU, so that entry fails on its own; an FP8 gate skips the FP8 matmul and says why."""
+    monkeypatch.setattr(torch.cuda, "Event", _HostEvent)
+    monkeypatch.setattr(torch.cuda, "synchronize", lambda *a: None)
+    monkeypatch.setattr(torch.cuda, "device", lambda d: contextlib.nullcontext())
+    plan = dict(timing_plan(64, quick=True), copy_bytes=1 << 20, h2d_bytes=1 << 20,
+                warmup_s=0.0)
+    m = measure_ceilings(CPU, plan, None)
+    for key in ("bf16_matmul", "fp8_matmul"):
+        assert m[key]["ok"] and m[key]["tflops"] > 0 and m[key]["ms"] > 0, m[key]
+        assert m[key]["tflops"] == pytest.approx(2 * 64**3 / (m[key]["ms"] / 1e3) / 1e12)
+    assert m["d2d_copy"]["ok"] and m["d2d_copy"]["bytes"] == 1 << 20
+    assert m["d2d_copy"]["gbps"] == pytest.approx(2 * (1 << 20) / m["d2d_copy"]["ms"] / 1e6)
+    assert m["h2d_pinned"]["ok"] is False and m["h2d_pinned"]["error"]
+    gated = measure_ceilings(CPU, plan, "FP8 needs compute capability 8.9")
+    assert gated["fp8_matmul"] == {"ok": False, "skipped": "FP8 needs compute capability 8.9"}
+    judged = judge_ceilings("cpu", m)
+    assert judged["peak_bf16_tflops"] is None and "pct_of_peak" not in judged["bf16_matmul"]
+    assert judged["fp8_matmul"]["speedup_vs_bf16"] == pytest.approx(
+        m["fp8_matmul"]["tflops"] / m["bf16_matmul"]["tflops"])
+
+
+@pytest.mark.skipif(torch.cuda.is_available(), reason="the GPU checks must fail for want of CUDA")
+def test_main_on_a_mocked_gpu_where_nothing_runs_reports_every_check_failed(monkeypatch, capsys,
+                                                                            tmp_path):
+    """main()'s GPU path end to end: torch.cuda's queries say H100 (mocked), but no kernel can
+    run here. Every section is printed, each check is a FAILED verdict of its own (TE, not
+    installed, is MISSING), and the command still exits 0 and writes its JSON."""
+    _mock_gpu(monkeypatch, H100, (9, 0))
+    monkeypatch.setattr(torch.cuda, "device", lambda d: contextlib.nullcontext())
+    out = tmp_path / "gpu.json"
+    assert cli.main(["--quick", "--size", "256", "--json", str(out)]) == 0
+    text = capsys.readouterr().out
+    for head in ("Environment", "FP8 (needs compute capability >= 8.9; this GPU has 9.0)",
+                 "Attention (F.scaled_dot_product_attention", "Ceilings (matmuls 256^3, median "
+                 "of 10", "MFU against the H100 SXM bf16 dense peak", "Verdict"):
+        assert head in text, head
+    report = json.loads(out.read_text())
+    status = {v["feature"]: v["status"] for v in report["verdicts"]}
+    assert status.pop("CUDA device") == status.pop("FP8 hardware") == "OK"
+    assert status.pop("FP8 te") == "MISSING" and status.pop("NCCL") in ("OK", "MISSING")
+    assert set(status.values()) == {"FAILED"}, status
+    assert report["ceilings"]["plan"] == timing_plan(256, quick=True)

@@ -23,7 +23,7 @@ FSDP_SKIP = textwrap.dedent("""
     from torch.distributed.fsdp import fully_shard
     sys.path.insert(0, sys.argv[1])
     from fp8train.health import Health
-    from fp8train.trainer import _implicit_replication
+    from fp8train.build import implicit_replication as _implicit_replication
 
     dist.init_process_group("gloo")
     torch.manual_seed(0)

@@ -93,7 +93,7 @@ def test_transformers_model_gives_our_logits(tmp_path, arch, kw, dtype):
     diff, scale = compare_logits(_rounded(ours, DTYPES[dtype]), hf, mcfg)
     assert scale > 0.1 and diff <= LOGIT_TOLERANCE * max(1.0, scale), (diff, scale)
     if dtype == "fp32":
-        assert diff < 1e-5   # what we state in the README
+        assert diff < 1e-5   # what docs/after_training.md states
 
 
 # --- export of FP8-trained runs -------------------------------------------------------------

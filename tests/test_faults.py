@@ -1,6 +1,7 @@
 """Fault injection on real training processes: kill -9 anywhere, corrupt checkpoints, NaN
 losses, failing checkpoint writes, changed configs on resume. Faults are placed with the
-FP8TRAIN_FAULTS hook (fp8train/faults.py) or from outside (SIGKILL, a file-size limit)."""
+FP8TRAIN_FAULTS hook (tests/faults.py, installed by tests/train_with_faults.py) or from outside
+(SIGKILL, a file-size limit)."""
 import json
 import os
 import random
@@ -16,7 +17,7 @@ import pytest
 import torch
 from safetensors.torch import load_file
 
-from conftest import DATA_DIR, ROOT, run_train, tiny_args
+from conftest import DATA_DIR, ROOT, entry_script, run_train, tiny_args
 
 # FP8 (native, emulated on CPU) so that its scale state is part of what must survive; a fixed
 # LR schedule so that a resumed run trains exactly like an uninterrupted one.
@@ -34,7 +35,8 @@ class Run:
         env.pop("FP8TRAIN_FAULTS", None)
         if faults:
             env["FP8TRAIN_FAULTS"] = faults
-        self.proc = subprocess.Popen([sys.executable, *launcher, "train_fp8.py", *map(str, args)],
+        self.proc = subprocess.Popen([sys.executable, *launcher, entry_script(env),
+                                      *map(str, args)],
                                      cwd=ROOT, env=env, stdout=subprocess.PIPE,
                                      stderr=subprocess.PIPE, text=True, preexec_fn=preexec_fn)
         self.lines, self.err_lines = [], []

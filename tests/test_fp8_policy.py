@@ -9,6 +9,7 @@ import yaml
 from torch import nn
 
 from conftest import run_train, tiny_args
+from fp8train.agreement import on_rank0
 from fp8train.config import Config, ConfigError, load_config
 from fp8train.precision import build_precision, policy
 from fp8train.precision.layers import select_linears
@@ -228,8 +229,9 @@ def test_an_error_on_rank0_stops_every_rank_with_its_message():
 
     for rank in (0, 1):
         with pytest.raises(RuntimeError) as e:
-            policy.from_rank0(broken if rank == 0 else pytest.fail, rank, 2,
-                              group.gather_for(rank))
+            on_rank0(broken if rank == 0 else pytest.fail,
+                     "fp8_layers auto: timing the layer shapes", rank=rank,
+                     gather_fn=group.gather_for(rank))
         errors.append(str(e.value))
     assert errors[0] == errors[1]
     assert errors[0].startswith("fp8_layers auto: timing the layer shapes failed on rank 0: "

@@ -3,7 +3,7 @@ then the argument processing that turns a config (plus command-line flags) into 
 launch configuration and the environment the training processes see. Nothing is started.
 
 Every file only describes a process layout: mixed precision is 'no' everywhere, because the run
-config decides precision and FP8 in code (README, "Launch layouts")."""
+config decides precision and FP8 in code (docs/clusters.md, "Launch layouts")."""
 import os
 from pathlib import Path
 

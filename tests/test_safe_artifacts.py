@@ -1,7 +1,9 @@
-"""Checkpoints from an untrusted source: a crafted pickle in a checkpoint (with a manifest that
-matches it, as its author can write one) is refused before anything is unpickled, by resume
-(a named checkpoint or --resume auto), export, evaluation and sampling; real checkpoints of
-fp32, native-FP8 and torchao runs and DCP directories pass. Real runs, real payloads."""
+"""Checkpoints from an untrusted source: a crafted pickle in any file of a checkpoint (with a
+manifest that matches it, as its author can write one) runs no code on resume (a named
+checkpoint or --resume auto), export, evaluation or sampling: every file loads with safetensors,
+torch.load(weights_only=True) or json, and what is still unpickled without restriction (TE's
+`_extra_state`, DCP metadata and items) is checked first. Real checkpoints of fp32, native-FP8
+and torchao runs and DCP directories pass. Real runs, real payloads."""
 import hashlib
 import importlib.util
 import io
@@ -17,9 +19,9 @@ import pytest
 import torch
 
 from conftest import ROOT, run_train, tiny_args
-from fp8train.checkpoint import verify
-from fp8train.safe_load import (SAFE_GLOBALS, TE_EXTRA_STATE_GLOBALS, _check_pickle, _Unsafe,
-                                unsafe_content)
+from fp8train.checkpoint import MANIFEST_FORMAT, TRAIN_STATE, verify
+from fp8train.safe_load import (DCP_METADATA_GLOBALS, TE_EXTRA_STATE_GLOBALS, _check_pickle,
+                                _Unsafe, rng_globals, unsafe_content)
 from fp8train.config import ConfigError
 
 # Two checkpoints (steps 1 and 2) per run, in seconds.
@@ -64,15 +66,35 @@ class OpensFile:
 
 
 def _payloads(marker):
+    """What a crafted file holds, and the global its refusal names. custom_checkpoint_0.pkl was
+    the training state of format 1 (Accelerate unpickled it with weights_only=False); a stray
+    pickle like it in a checkpoint is checked like the checkpoint's own files."""
     return {"random_states_0.pkl": ({"random_state": RunsCommand(f"touch '{marker}'")},
                                     "posix.system"),
+            "optimizer.bin": ({"state": {0: {"exp_avg": RunsCommand(f"touch '{marker}'")}},
+                               "param_groups": []}, "posix.system"),
+            "model.safetensors": (RunsCommand(f"touch '{marker}'"), "posix.system"),
             "custom_checkpoint_0.pkl": (OpensFile(str(marker)), "io.open")}
 
 
 def _craft(ckpt, name, obj):
-    """Replace `name` in checkpoint `ckpt` by torch.save(obj) and make the manifest match."""
+    """Replace `name` in checkpoint `ckpt` by torch.save(obj) and make the manifest match; for
+    model.safetensors, the pickle goes where one is unpickled: a Transformer Engine
+    `_extra_state` tensor."""
     path = os.path.join(ckpt, name)
-    torch.save(obj, path)
+    if name.endswith(".safetensors"):
+        from safetensors.torch import load_file, save_file
+        state = load_file(path)
+        state["blocks.0.attn.qkv._extra_state"] = torch.frombuffer(
+            bytearray(pickle.dumps({"recipe": obj})), dtype=torch.uint8)
+        save_file(state, path, metadata={"format": "pt"})
+    else:
+        torch.save(obj, path)
+    _match_manifest(ckpt, name)
+
+
+def _match_manifest(ckpt, name):
+    path = os.path.join(ckpt, name)
     manifest_path = os.path.join(ckpt, "manifest.json")
     manifest = json.load(open(manifest_path))
     data = open(path, "rb").read()
@@ -112,9 +134,42 @@ def test_real_checkpoints_are_safe(runs, tmp_path):
     assert sorted(back) == sorted(state) and all(torch.equal(back[k], state[k]) for k in state)
 
 
+def test_the_train_state_is_json_and_every_tensor_file_loads_weights_only(runs):
+    """No object of ours is pickled: the counters are train_state.json, and every torch.save file
+    loads with torch.load(weights_only=True), the RNG states with NumPy's generator array (the
+    four types of rng_globals) and nothing more; the model is safetensors."""
+    import numpy as np
+    from safetensors.torch import load_file
+    for name, run in runs.items():
+        for ckpt in sorted((run / "checkpoints").glob("step_*")):
+            files = sorted(p.name for p in ckpt.iterdir())
+            assert files == ["config.yaml", "manifest.json", "model.safetensors", "optimizer.bin",
+                             "random_states_0.pkl", TRAIN_STATE], (name, files)
+            manifest = json.loads((ckpt / "manifest.json").read_text())
+            assert manifest["format"] == MANIFEST_FORMAT == 2
+            assert sorted(manifest["files"]) == [f for f in files if f != "manifest.json"]
+            counters = json.loads((ckpt / TRAIN_STATE).read_text())
+            assert counters["step"] == manifest["step"] and counters["tokens"] == manifest["tokens"]
+            assert counters["data_position"] * 64 == counters["tokens"]   # seq_len 64
+            assert load_file(str(ckpt / "model.safetensors"))
+            optim = torch.load(ckpt / "optimizer.bin", weights_only=True)
+            assert optim["state"] and all(isinstance(t, torch.Tensor) for per in
+                                          optim["state"].values() for t in per.values())
+            with pytest.raises(pickle.UnpicklingError, match="numpy"):
+                torch.load(ckpt / "random_states_0.pkl", weights_only=True)
+            assert len(rng_globals()) == 4 and all(g.__module__.startswith("numpy")
+                                                   for g in rng_globals())
+            with torch.serialization.safe_globals(rng_globals()):
+                rng = torch.load(ckpt / "random_states_0.pkl", weights_only=True)
+            assert rng["step"] == manifest["step"]   # Accelerate's micro-step count, accum 1
+            assert isinstance(rng["numpy_random_seed"][1], np.ndarray) and \
+                isinstance(rng["torch_manual_seed"], torch.Tensor)
+
+
 # --- crafted checkpoints are refused, nothing runs --------------------------------------------
 
-@pytest.mark.parametrize("name", ["random_states_0.pkl", "custom_checkpoint_0.pkl"])
+@pytest.mark.parametrize("name", ["random_states_0.pkl", "optimizer.bin", "model.safetensors",
+                                  "custom_checkpoint_0.pkl"])
 def test_resume_from_a_crafted_checkpoint_exits_2(runs, tmp_path, name):
     marker = tmp_path / "MARKER"
     run = tmp_path / "run"
@@ -132,14 +187,65 @@ def test_resume_from_a_crafted_checkpoint_exits_2(runs, tmp_path, name):
 
 
 def test_the_payload_is_live(tmp_path):
-    """What the check stops: Accelerate's load_state reads custom_checkpoint_N.pkl (our
-    TrainState) with torch.load(weights_only=False)."""
-    from accelerate.utils.other import load   # as accelerate.checkpointing.load_custom_state
+    """What the checks stop: unpickled without restriction, as Accelerate's load_state read
+    custom_checkpoint_N.pkl (format 1's TrainState, torch.load(weights_only=False)) and as TE
+    still reads `_extra_state`, the payload runs. Accelerate's loader of optimizer.bin and
+    random_states_N.pkl (weights_only=True) refuses it."""
+    from accelerate.utils.other import load   # as accelerate.checkpointing loads those files
     marker = tmp_path / "MARKER"
+    path = tmp_path / "random_states_0.pkl"
+    torch.save(_payloads(marker)["random_states_0.pkl"][0], path)
+    with pytest.raises(pickle.UnpicklingError, match="posix.system"):
+        load(str(path), map_location="cpu")
+    assert not marker.exists()
     path = tmp_path / "custom_checkpoint_0.pkl"
     torch.save(_payloads(marker)["custom_checkpoint_0.pkl"][0], path)
     load(str(path), map_location="cpu", weights_only=False).close()
     assert marker.exists()
+
+
+def test_a_pickle_in_place_of_the_train_state_is_never_unpickled(runs, tmp_path, capsys):
+    """train_state.json is read as JSON: a pickle there fails to parse (resume: one line, exit
+    2); export, sampling and evaluation do not read it."""
+    marker = tmp_path / "MARKER"
+    run = tmp_path / "run"
+    shutil.copytree(runs["fp32"], run)
+    ckpt = run / "checkpoints" / "step_0000002"
+    _craft(ckpt, TRAIN_STATE, OpensFile(str(marker)))
+    assert verify(str(ckpt))[0] is None   # nothing in it is unpickled: not unsafe
+    r = run_train(*tiny_args(run, **SHORT, resume=ckpt))
+    assert r.returncode == 2, r.stderr[-2000:]
+    errors = _error_lines(r.stderr)
+    assert len(errors) == 1 and f"{TRAIN_STATE} cannot be read" in errors[0], r.stderr[-2000:]
+    assert _script("evaluate")([str(ckpt)]) == 0
+    assert not marker.exists()
+
+
+def test_a_checkpoint_of_the_previous_format_is_refused_in_one_line(runs, tmp_path, capsys):
+    """Format 1 (the counters in Accelerate's custom_checkpoint_0.pkl) does not resume: one line,
+    exit 2, nothing moved aside; its model still evaluates."""
+    run = tmp_path / "run"
+    shutil.copytree(runs["fp32"], run)
+    for ckpt in (run / "checkpoints").glob("step_*"):
+        counters = json.loads((ckpt / TRAIN_STATE).read_text())
+        (ckpt / TRAIN_STATE).unlink()
+        torch.save(counters, ckpt / "custom_checkpoint_0.pkl")
+        manifest = json.loads((ckpt / "manifest.json").read_text())
+        manifest["format"] = 1
+        del manifest["files"][TRAIN_STATE]
+        (ckpt / "manifest.json").write_text(json.dumps(manifest))
+        _match_manifest(ckpt, "custom_checkpoint_0.pkl")
+        assert verify(str(ckpt))[0] is None
+    for resume in ("auto", run / "checkpoints" / "step_0000002"):
+        r = run_train(*tiny_args(run, **SHORT, resume=resume))
+        assert r.returncode == 2 and "Traceback" not in r.stderr, r.stderr[-2000:]
+        errors = _error_lines(r.stderr)
+        assert len(errors) == 1 and "cannot resume from" in errors[0] \
+            and "step_0000002': it was written by another version" in errors[0] \
+            and "(checkpoint format 1;" in errors[0], r.stderr[-2000:]
+    assert sorted(p.name for p in (run / "checkpoints").iterdir()) == \
+        ["latest", "step_0000001", "step_0000002"]
+    assert _script("evaluate")([str(run)]) == 0
 
 
 def test_resume_auto_sets_a_crafted_checkpoint_aside(runs, tmp_path):
@@ -167,24 +273,25 @@ def _script(name):
     return mod.main
 
 
+@pytest.mark.parametrize("name", ["random_states_0.pkl", "optimizer.bin", "model.safetensors"])
 @pytest.mark.parametrize("tool", ["export_hf", "evaluate", "sample"])
-def test_tools_refuse_a_crafted_checkpoint(runs, tmp_path, capsys, tool):
+def test_tools_refuse_a_crafted_checkpoint(runs, tmp_path, capsys, tool, name):
     marker = tmp_path / "MARKER"
     ckpt = tmp_path / "step_0000002"
     shutil.copytree(runs["native"] / "checkpoints" / "step_0000002", ckpt)
-    _craft(ckpt, "random_states_0.pkl", _payloads(marker)["random_states_0.pkl"][0])
+    obj, global_name = _payloads(marker)[name]
+    _craft(ckpt, name, obj)
     args = {"export_hf": [str(ckpt), str(tmp_path / "out")], "evaluate": [str(ckpt)],
             "sample": [str(ckpt), "--prompt", "ROMEO:", "--max_new_tokens", "4"]}[tool]
     assert _script(tool)(args) == 2
     errors = _error_lines(capsys.readouterr().err)
-    assert len(errors) == 1 and "random_states_0.pkl" in errors[0] \
-        and "posix.system" in errors[0], errors
+    assert len(errors) == 1 and name in errors[0] and global_name in errors[0], errors
     assert not marker.exists() and not (tmp_path / "out").exists()
 
 
 # --- the scan itself, on pickles written to evade it ------------------------------------------
 
-def _why(data, allowed=SAFE_GLOBALS):
+def _why(data, allowed=TE_EXTRA_STATE_GLOBALS):
     try:
         _check_pickle(data, allowed)
     except _Unsafe as e:
@@ -198,13 +305,13 @@ def test_static_scan_sees_through_pickle_tricks():
     assert _why(ok) is None
     assert "os.OrderedDict" in _why(b"\x80\x04\x8c\x02os\x94\x8c\x0bOrderedDict\x94\x93.")
     # a module name computed by an allowed call, then imported
-    computed = (b"\x80\x04\x8c\x07_codecs\x8c\x06encode\x93\x8c\x02os\x8c\x06latin1\x86R"
-                b"\x8c\x06system\x93.")
+    computed = b"\x80\x04\x8c\x0bcollections\x8c\x0bOrderedDict\x93)R\x8c\x06system\x93."
     assert "computes" in _why(computed)
     assert "_codecs.encode" in _why(b"\x80\x02c_codecs\nencode\nX\x02\x00\x00\x00os"
                                     b"X\x05\x00\x00\x00rot13\x86R.")
     assert "EXT1" in _why(b"\x80\x02\x82\x01.")                  # the copyreg extension registry
-    assert "not an object" in _why(b"\x80\x02ctorch\nfloat32\n}b.")   # BUILD on a global
+    assert "not an object" in _why(b"\x80\x02ctorch\nfloat32\n}b.", DCP_METADATA_GLOBALS)  # BUILD
+    assert "not an object" in _why(b"\x80\x02ccollections\nOrderedDict\n}b.")  # on a global
     assert "readable" in _why(b"\x80\x02(K\x01")                  # truncated
     assert _why(pickle.dumps({"a": [1, 2.0, "x", b"y", (1,)]}, protocol=5)) is None
     assert "posix.system" in _why(pickle.dumps(RunsCommand("true"), protocol=0))   # INST era
@@ -228,6 +335,9 @@ def test_other_torch_formats_are_refused(runs, tmp_path):
     assert "tar archive" in unsafe_content(str(legacy))
     (legacy / "custom_checkpoint_0.pkl").write_bytes(b"moments" * 100)   # fails at byte 0
     assert unsafe_content(str(legacy)) is None
+    # An RNG file must load: Accelerate would skip one that does not, without a word.
+    (legacy / "random_states_0.pkl").write_bytes(b"moments" * 100)
+    assert "random_states_0.pkl' is not a torch.save zip archive" in unsafe_content(str(legacy))
     script = tmp_path / "script"
     shutil.copytree(src, script)
     torch.jit.save(torch.jit.script(torch.nn.Linear(2, 2)), str(script / "optimizer.bin"))
@@ -323,6 +433,6 @@ def test_transformer_engine_extra_state_is_checked(runs, tmp_path, fake_te_recip
     why = scan(as_tensor({"scale_fwd": Storage()}))
     assert "_extra_state" in why and "posix.system" in why
     # _load_from_bytes is for TE's pickles only
-    assert "_load_from_bytes" in _why(pickle.dumps(Storage()), SAFE_GLOBALS)
+    assert "_load_from_bytes" in _why(pickle.dumps(Storage()), DCP_METADATA_GLOBALS)
     assert "posix.system" in _why(pickle.dumps(Storage()), TE_EXTRA_STATE_GLOBALS)
     assert not marker.exists()

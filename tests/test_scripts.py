@@ -1,6 +1,8 @@
 import subprocess
 import sys
 
+import pytest
+
 from conftest import ROOT
 
 
@@ -21,3 +23,17 @@ def test_visualize_rejects_warmup_past_the_end(tmp_path):
                         "10", "--total_steps", "10", "--max_lr", "0.1"], cwd=ROOT,
                        capture_output=True, text=True, timeout=60)
     assert r.returncode == 2 and "warmup_steps (10) must be in" in r.stderr
+
+
+SCRIPTS = sorted(p.name for p in (ROOT / "scripts").glob("*.py"))
+
+
+@pytest.mark.parametrize("script", SCRIPTS)
+def test_every_script_runs_from_any_directory_on_the_installed_package(tmp_path, script):
+    """No script edits sys.path: each imports the installed fp8train (`pip install -e .`), so
+    it runs the same from any working directory."""
+    path = ROOT / "scripts" / script
+    assert "sys.path" not in path.read_text()
+    r = subprocess.run([sys.executable, str(path), "--help"], cwd=tmp_path, capture_output=True,
+                       text=True, timeout=120)
+    assert r.returncode == 0 and "usage:" in r.stdout, r.stderr[-3000:]

@@ -1,6 +1,7 @@
 """Secrets in the environment never reach the run's files, the console or W&B: the rule for what
 counts as a secret, redaction, and a real training run with W&B offline whose every file is read
 back as bytes."""
+import dataclasses
 import json
 import secrets as stdlib_secrets
 from collections import namedtuple
@@ -72,8 +73,7 @@ def test_config_yaml_redacts_values_yaml_would_quote(monkeypatch, fresh_secrets,
     monkeypatch.setenv("MY_SERVICE_TOKEN", token)
     cfg = load_config(["--config=configs/test_fp8.yaml", f"--output_dir={tmp_path}",
                        "--wandb_run_name=placeholder"])
-    cfg.wandb_run_name = f"run {token}"
-    cfg.wandb_tags = ["ci", token]
+    cfg = dataclasses.replace(cfg, wandb_run_name=f"run {token}", wandb_tags=["ci", token])
     text = dump_yaml(cfg, {"note": f"long text that YAML folds at eighty columns {token} " * 3})
     assert token not in text and "\\" not in text
     assert "wandb_run_name: run ***" in text

@@ -1,12 +1,16 @@
 """W&B sweeps (run_sweep.py, fp8train/sweep/): sweep-file validation, the local runner end to
-end (real train_fp8.py trials), seeded random sampling, and the agent path up to the W&B server:
-the trial command line is compared with the one wandb's own agent code builds. The only thing
-stubbed anywhere is the W&B server (wandb.Api, wandb.sweep, the agent's process launcher)."""
+end (real train_fp8.py trials), seeded random sampling, the trial command line (built by
+`local` as wandb's own agent code builds it, the launcher chosen by FP8TRAIN_LAUNCHER), and
+`agent`: W&B's own agent, run for real, starting real trial processes. The only thing stubbed
+anywhere is the W&B server, which cannot be reached here: FakeServer answers the GraphQL
+requests of wandb's public API and agent (wandb.Api is pointed at it), and wandb.sweep is
+replaced for `create`. W&B itself runs with WANDB_MODE=offline."""
 import csv
 import glob
 import json
 import math
 import os
+import shlex
 import subprocess
 import sys
 
@@ -18,8 +22,8 @@ from fp8train import sweep as S
 
 SHIPPED = sorted(glob.glob(str(ROOT / "configs" / "sweeps" / "*.yaml")))
 GRID = [0.0, 0.005, 0.01, 0.02, 0.05]
-COMMAND = ["${env}", "${interpreter}", "${program}", "--config", "configs/test_fp8.yaml",
-           "${args}"]
+COMMAND = ["${env}", "-S${envvar:FP8TRAIN_LAUNCHER}", "${program}", "--config",
+           "configs/test_fp8.yaml", "${args}"]
 
 
 def write(tmp_path, cfg, name="s.yaml"):
@@ -57,7 +61,7 @@ def test_every_shipped_sweep_validates(path):
     assert cfg["program"] == "train_fp8.py" and cfg["method"] in S.METHODS
     assert cfg["metric"] == {"name": "val/loss", "goal": "minimize"}
     cmd = cfg["command"]
-    assert cmd[:3] == ["${env}", "${interpreter}", "${program}"] and cmd[-1] == "${args}"
+    assert cmd[:3] == ["${env}", S.LAUNCHER_ITEM, "${program}"] and cmd[-1] == "${args}"
     assert cmd[3] == "--config" and os.path.isfile(ROOT / cmd[4])
     if os.path.basename(path).startswith("sweep_lambda"):
         assert cfg["parameters"]["penalty_weight"] == {"values": GRID}
@@ -118,6 +122,23 @@ BAD = {
     "grid_combination": (sweep_cfg({"max_steps": {"values": [100, 40]},
                                     "warmup_steps": {"values": [10, 50]}}),
                          "parameters: combination max_steps=40, warmup_steps=50 is not valid"),
+    "unknown_macro": (dict(sweep_cfg({"seed": {"values": [1, 2]}}),
+                           command=COMMAND + ["${unknown_macro}"]),
+                      "command[6]: unknown macro ${unknown_macro} (wandb agent would drop it)"),
+    "json_macro": (dict(sweep_cfg({"seed": {"values": [1, 2]}}),
+                        command=COMMAND[:5] + ["${args_json_file}"]),
+                   "command[5]: ${args_json_file}: train_fp8.py reads --key=value options"),
+    "lower_case_envvar": (dict(sweep_cfg({"seed": {"values": [1, 2]}}),
+                               command=COMMAND + ["${envvar:home}"]),
+                          "command[6]: unknown macro ${envvar:home}"),
+    "macro_inside_an_item": (dict(sweep_cfg({"seed": {"values": [1, 2]}}),
+                                  command=COMMAND + ["--tag=${program}"]),
+                             "command[6]: '--tag=${program}': a macro other than "
+                             "${envvar:NAME} must be a whole list item"),
+    "misplaced_launcher": (dict(sweep_cfg({"seed": {"values": [1, 2]}}),
+                                command=["${env}", "${interpreter}"] + COMMAND[1:]),
+                           "command: -S${envvar:FP8TRAIN_LAUNCHER} goes right after ${env}, at "
+                           "the start"),
     "top_level_typo": ({**{k: v for k, v in sweep_cfg({}).items() if k != "parameters"},
                         "paramters": {"seed": {"values": [1]}}},
                        "paramters: unknown sweep key (did you mean parameters?)"),
@@ -146,11 +167,15 @@ def test_bad_sweeps_through_the_real_entry_point(tmp_path):
                                                          "min": 1e-4, "max": 1e-2}},
                                       method="bayes"), "bayes.yaml")
     notyaml = write(tmp_path, "method: grid\nparameters: [unclosed\n", "broken.yaml")
+    macro = write(tmp_path, dict(sweep_cfg({"seed": {"values": [1]}}),
+                                 command=COMMAND + ["${args_jsn}"]), "macro.yaml")
     cases = [(["validate", typo], f"{typo}: parameters.penalty_wieght: not a config key (did "
               "you mean penalty_weight?)"),
              (["local", bayes, "--max-trials", "2"],
               f"{bayes}: method: bayes needs the W&B server: use create + agent"),
              (["create", notyaml], f"{notyaml}: not valid YAML"),
+             (["local", macro, "--max-trials", "1"],
+              f"{macro}: command[6]: unknown macro ${{args_jsn}} (wandb agent would drop it)"),
              (["local", str(tmp_path / "nope.yaml")], "sweep file"),
              (["local", typo.replace("typo", "nope")], "not found")]
     for argv, expected in cases:
@@ -159,6 +184,31 @@ def test_bad_sweeps_through_the_real_entry_point(tmp_path):
         lines = r.stderr.strip().splitlines()
         assert len(lines) == 1 and expected in lines[0], r.stderr
         assert "Traceback" not in r.stderr
+
+
+def test_a_command_without_the_launcher_runs_python_only(tmp_path, monkeypatch, capsys):
+    """A command without FP8TRAIN_LAUNCHER ([${env}, ${interpreter}, ...], or none: W&B's
+    default) is still a valid sweep, and `local` runs it with python; a launcher option, or
+    `agent`, needs the launcher in the command: exit 2, one line."""
+    old = dict(sweep_cfg({"seed": {"values": [1, 2]}, "use_wandb": {"value": True}}),
+               command=["${env}", "${interpreter}"] + COMMAND[2:])
+    path = write(tmp_path, old)
+    S.validate_sweep(path)
+    S.validate_sweep(write(tmp_path, {k: v for k, v in old.items() if k != "command"}, "d.yaml"))
+    started = []
+    assert S.run_local(path, output_dir=str(tmp_path / "out"), out=lambda *a: None,
+                       runner=lambda argv, env, cwd: started.append(argv) or 0) == 0
+    assert [argv[:3] for argv in started] == [["/usr/bin/env", "python", "train_fp8.py"]] * 2
+    needs = ("command: must start with ${env}, -S${envvar:FP8TRAIN_LAUNCHER} (the launcher) for ")
+    assert S.main(["local", path, "--num_processes", "2", "--output_dir", str(tmp_path / "o2")]) == 2
+    err = capsys.readouterr().err
+    assert err.startswith(f"error: {path}: {needs}--accelerate_config / --num_processes, e.g. [")
+    assert err.count("\n") == 1
+    monkeypatch.setattr(S.wandb_client, "fetch_sweep_config", lambda *a: old)
+    assert S.main(["agent", "e/p/abc"]) == 2
+    err = capsys.readouterr().err
+    assert err.startswith(f"error: sweep e/p/abc: {needs}run_sweep.py agent (`wandb agent` runs "
+                          "the sweep as it is), e.g. [") and err.count("\n") == 1
 
 
 def test_random_local_needs_a_trial_count(tmp_path, capsys):
@@ -310,12 +360,13 @@ def test_grid_is_the_cartesian_product_in_file_order():
         for w in (0.0, 0.01) for n in (1, 2, 3)]
 
 
-# --- agent: the command line, compared with wandb's own agent code -------------------------
+# --- the trial command line, compared with wandb's own agent code --------------------------
 
 AGENT_ARGS = {"penalty_weight": {"value": 0.005}, "penalty_type": {"value": "z_loss"},
               "use_wandb": {"value": True}, "compile": {"value": False},
               "learning_rate": {"value": 1e-05}, "n_layer": {"value": 3},
               "fp8_exclude": {"value": ["lm_head", "wte"]}, "wandb_run_name": {"value": None}}
+VALUES = {k: v["value"] for k, v in AGENT_ARGS.items()}
 SWEEP_ID, RUN_ID = "abc123xy", "run9q8w7e"
 
 
@@ -328,6 +379,7 @@ def agent_env(tmp_path, monkeypatch):
     monkeypatch.setenv("WANDB_SWEEP_PARAM_PATH", "placeholder")
     monkeypatch.setenv("WANDB_SERVICE", "agent-service-token")
     monkeypatch.setenv("FP8TRAIN_SWEEP_TEST", "inherited")
+    monkeypatch.setenv("FP8TRAIN_LAUNCHER", "python")
     return tmp_path
 
 
@@ -351,46 +403,48 @@ def cli_agent_command(monkeypatch, sweep_command, program, args):
     return started["command"], started["env"]
 
 
-def our_agent_command(sweep_config, interpreter=S.DEFAULT_INTERPRETER):
-    """What AgentTrial starts in the same agent environment (the parameters read back from
-    the WANDB_SWEEP_PARAM_PATH file the agent wrote)."""
-    started = {}
+@pytest.mark.parametrize("command,launcher", [
+    (COMMAND, "python"),
+    (COMMAND, "accelerate launch --config_file '/configs/with space.yaml'"),
+    (COMMAND, None),  # unset: W&B puts the variable's name (then /usr/bin/env cannot find it)
+    (None, "python"),  # no command: W&B's default ${env} ${interpreter} ${program} ${args}
+    (["${env}", "-S${envvar:FP8TRAIN_LAUNCHER}", "${program}", "--config=configs/test_fp8.yaml",
+      "${args_no_boolean_flags}", "--tag=${envvar:FP8TRAIN_SWEEP_TEST}-${envvar:WANDB_RUN_ID}",
+      "${envvar:HOME}", "${envvar:FP8TRAIN_NOT_SET}"], "python"),
+    (["${interpreter}", "${program}", "--config", "configs/test_fp8.yaml", "${args_no_equals}"],
+     "python"),
+], ids=["shipped_form", "accelerate", "launcher_unset", "default", "no_boolean_flags_envvars",
+        "no_equals_interpreter"])
+def test_trial_command_equals_what_wandb_agent_runs(agent_env, monkeypatch, command, launcher):
+    """`local` and validation build the command line with S.build_command; W&B's agent builds it
+    with its own code. They agree for every macro train_fp8.py can read. (W&B fills in
+    ${envvar:...} before it sets the new run's WANDB_RUN_ID, so ours is built first.)"""
+    if launcher is None:
+        monkeypatch.delenv("FP8TRAIN_LAUNCHER")
+    else:
+        monkeypatch.setenv("FP8TRAIN_LAUNCHER", launcher)
+    ours = S.build_command(command, "train_fp8.py", VALUES)
+    theirs, _ = cli_agent_command(monkeypatch, command, "train_fp8.py", AGENT_ARGS)
+    assert ours == theirs
+    if command == COMMAND:
+        assert theirs[1] == "-S" + (launcher or "FP8TRAIN_LAUNCHER")
 
-    def runner(command, env, cwd):
-        started.update(command=command, env=env, cwd=cwd)
-        return 0
 
-    S.AgentTrial(sweep_config, interpreter=interpreter, runner=runner, out=lambda *a: None)()
-    return started
-
-
-@pytest.mark.parametrize("command", [
-    COMMAND,
-    None,  # no command in the sweep: W&B's default ${env} ${interpreter} ${program} ${args}
-    ["${env}", "${interpreter}", "${program}", "--config=configs/test_fp8.yaml",
-     "${args_no_boolean_flags}", "--tag=${envvar:FP8TRAIN_SWEEP_TEST}", "${envvar:HOME}"],
-    ["${interpreter}", "${program}", "--config", "configs/test_fp8.yaml", "${args_no_equals}",
-     "${args_json_file}", "${unknown_macro}"],
-], ids=["shipped_form", "default", "no_boolean_flags_envvar", "no_equals_json_file"])
-def test_trial_command_equals_what_wandb_agent_runs(agent_env, monkeypatch, command):
-    cfg = {"program": "train_fp8.py", "method": "grid", "parameters": {}}
-    if command is not None:
-        cfg["command"] = list(command)
-    theirs, their_env = cli_agent_command(monkeypatch, command, "train_fp8.py", AGENT_ARGS)
-    ours = our_agent_command(cfg)
-    assert ours["command"] == theirs
-    assert ours["cwd"] == str(ROOT)
-    # the same inherited environment (sweep and run ids included) minus the agent's own
-    # service connection, which the CLI agent's AgentProcess drops too; PATH may gain the
-    # running interpreter's directory in front
-    their_env.pop("WANDB_SERVICE")
-    ours_env = dict(ours["env"])
-    assert ours_env.pop("PATH").endswith(their_env.pop("PATH"))
-    assert ours_env == their_env
-    assert ours["env"]["WANDB_RUN_ID"] == RUN_ID and ours["env"]["WANDB_SWEEP_ID"] == SWEEP_ID
-    if command and "${args_json_file}" in command:
-        path = theirs[theirs.index("--config") + 2 + len(AGENT_ARGS) * 2]
-        assert json.load(open(path)) == {k: v["value"] for k, v in AGENT_ARGS.items()}
+@pytest.mark.parametrize("item,expected", [
+    ("${unknown_macro}", "command[6]: unknown macro ${unknown_macro} (wandb agent would drop "
+     "it); known: ${env}, ${interpreter}, ${program}, ${args}, ${args_no_equals}, "
+     "${args_no_boolean_flags}, ${envvar:NAME}"),
+    ("${args_json_file}", "command[6]: ${args_json_file}: train_fp8.py reads --key=value "
+     "options; use ${args}"),
+    ("${envvar:lower_case}", "command[6]: unknown macro ${envvar:lower_case}"),
+    ("--x=${args}", "command[6]: '--x=${args}': a macro other than ${envvar:NAME} must be a "
+     "whole list item"),
+])
+def test_build_command_refuses_what_wandb_would_drop(item, expected):
+    with pytest.raises(S.SweepError) as e:
+        S.build_command(COMMAND + [item], "train_fp8.py", {"seed": 1})
+    assert str(e.value).startswith(expected) and "\n" not in str(e.value)
+    assert S.EXIT_BAD_INPUT == 2 and isinstance(e.value, S.SweepError)
 
 
 def test_shipped_sweep_trial_command(agent_env, monkeypatch):
@@ -398,100 +452,72 @@ def test_shipped_sweep_trial_command(agent_env, monkeypatch):
     args = {"penalty_weight": {"value": 0.02}, "penalty_type": {"value": "z_loss"},
             "use_wandb": {"value": True}}
     theirs, _ = cli_agent_command(monkeypatch, cfg["command"], cfg["program"], args)
-    assert theirs == ["/usr/bin/env", "python", "train_fp8.py", "--config",
+    assert theirs == ["/usr/bin/env", "-Spython", "train_fp8.py", "--config",
                       "configs/test_fp8.yaml", "--penalty_weight=0.02", "--penalty_type=z_loss",
                       "--use_wandb=True"]
-    assert our_agent_command(cfg)["command"] == theirs
+    assert S.build_command(cfg["command"], cfg["program"],
+                           {k: v["value"] for k, v in args.items()}) == theirs
     # and train_fp8.py reads it as meant
     from fp8train.config import load_config
     run = load_config(S.config_argv(theirs, "train_fp8.py"))
     assert (run.penalty_weight, run.penalty_type, run.use_wandb) == (0.02, "z_loss", True)
 
 
-@pytest.mark.parametrize("interpreter,expected", [
-    (S.interpreter_for(accelerate_config="accelerate_configs/h200.yaml"),
+@pytest.mark.parametrize("launcher,expected", [
+    (S.launcher_for(accelerate_config="accelerate_configs/h200.yaml"),
      ["accelerate", "launch", "--config_file", "accelerate_configs/h200.yaml"]),
-    (S.interpreter_for(num_processes=8), ["accelerate", "launch", "--num_processes", "8"]),
+    (S.launcher_for(num_processes=8), ["accelerate", "launch", "--num_processes", "8"]),
+    (S.launcher_for(), ["python"]),
 ])
-def test_accelerate_replaces_only_the_interpreter(agent_env, monkeypatch, interpreter, expected):
+def test_the_launcher_variable_replaces_only_the_launcher(agent_env, monkeypatch, launcher,
+                                                         expected):
+    assert launcher == expected
     cfg = S.validate_sweep(str(ROOT / "configs" / "sweeps" / "sweep_lambda_fineweb.yaml"))
+    plain, _ = cli_agent_command(monkeypatch, cfg["command"], cfg["program"], AGENT_ARGS)
+    monkeypatch.setenv(S.LAUNCHER_VAR, S.launcher_env(launcher)[S.LAUNCHER_VAR])
     theirs, _ = cli_agent_command(monkeypatch, cfg["command"], cfg["program"], AGENT_ARGS)
-    ours = our_agent_command(cfg, interpreter)["command"]
-    assert theirs[1] == "python"
-    assert ours == theirs[:1] + expected + theirs[2:]
+    assert plain[1] == "-Spython"
+    assert theirs[:2] == ["/usr/bin/env", "-S" + " ".join(expected)]
+    assert theirs[2:] == plain[2:]
+    assert S.build_command(cfg["command"], cfg["program"], VALUES) == theirs
+
+
+@pytest.mark.skipif(not os.path.exists("/usr/bin/env"), reason="needs /usr/bin/env -S")
+def test_env_splits_the_launcher_into_its_words(tmp_path):
+    """What the trial's process really runs: /usr/bin/env -S<launcher> splits the launcher as
+    a shell would, so quoted words (a path with a space, a quote, a $) stay whole."""
+    folder = tmp_path / "a dir"
+    folder.mkdir()
+    script = folder / "show.py"
+    script.write_text("import json, sys\nprint(json.dumps(sys.argv[1:]))\n")
+    launcher = [sys.executable, str(script), "it's $HOME ${HOME} #not a comment"]
+    env = dict(os.environ, **S.launcher_env(launcher))
+    command = S.build_command(COMMAND, "train_fp8.py", {"seed": 1, "use_wandb": False},
+                              environ=env)
+    r = subprocess.run(command, cwd=ROOT, env=env, capture_output=True, text=True, timeout=60)
+    assert r.returncode == 0, r.stderr
+    assert json.loads(r.stdout) == [launcher[2], "train_fp8.py", "--config",
+                                    "configs/test_fp8.yaml", "--seed=1", "--use_wandb=False"]
 
 
 def test_agent_cli_options_choose_the_launcher(tmp_path):
     import argparse
     ns = argparse.Namespace(accelerate_config="accelerate_configs/h200.yaml", num_processes=None)
-    assert S.cli._interpreter(ns) == ["accelerate", "launch", "--config_file",
-                                  os.path.abspath("accelerate_configs/h200.yaml")]
+    assert S.cli._launcher(ns) == ["accelerate", "launch", "--config_file",
+                                   os.path.abspath("accelerate_configs/h200.yaml")]
     ns = argparse.Namespace(accelerate_config=None, num_processes=4)
-    assert S.cli._interpreter(ns) == ["accelerate", "launch", "--num_processes", "4"]
+    assert S.cli._launcher(ns) == ["accelerate", "launch", "--num_processes", "4"]
     ns = argparse.Namespace(accelerate_config=None, num_processes=None)
-    assert S.cli._interpreter(ns) == ["python"]
+    assert S.cli._launcher(ns) == ["python"]
     with pytest.raises(S.SweepError, match="--accelerate_config: file 'nope.yaml' not found"):
-        S.cli._interpreter(argparse.Namespace(accelerate_config="nope.yaml", num_processes=None))
+        S.cli._launcher(argparse.Namespace(accelerate_config="nope.yaml", num_processes=None))
     r = run_sweep("agent", "x/y/z", "--accelerate_config", "a.yaml", "--num_processes", "2")
     assert r.returncode == 2 and "not allowed with argument" in r.stderr
 
 
-def test_function_mode_agent_gives_the_trial_its_run(agent_env, monkeypatch, capsys):
-    """wandb.agent(function=...) (wandb/agents/pyagent.py) sets WANDB_RUN_ID, WANDB_SWEEP_ID
-    and WANDB_SWEEP_PARAM_PATH before calling the function; the trial then runs exactly the
-    CLI agent's command. The server is stubbed (wandb.Api); the job is what a heartbeat
-    returns."""
-    import threading
-
-    import wandb
-    from wandb.agents import pyagent
-
-    class NoServer:
-        def __init__(self, *a, **kw):
-            pass
-
-    monkeypatch.setattr(wandb, "Api", NoServer)
-    cfg = S.validate_sweep(str(ROOT / "configs" / "sweeps" / "sweep_lambda.yaml"))
-    theirs, _ = cli_agent_command(monkeypatch, cfg["command"], cfg["program"], AGENT_ARGS)
-    for k in ("WANDB_RUN_ID", "WANDB_SWEEP_PARAM_PATH"):  # pyagent must set them itself
-        monkeypatch.delenv(k)
-    started = {}
-
-    def runner(command, env, cwd):
-        started.update(command=command, env=env)
-        return 0
-
-    trial = S.AgentTrial(cfg, runner=runner, out=lambda *a: None)
-    agent = pyagent.Agent.__new__(pyagent.Agent)
-    agent._sweep_id, agent._function = SWEEP_ID, trial
-    agent._api_lock = threading.Lock()
-    agent._init()
-    job = pyagent.Job({"type": "run", "run_id": RUN_ID, "program": "train_fp8.py",
-                       "args": dict(AGENT_ARGS)})
-    agent._run_status[RUN_ID] = pyagent.RunStatus.RUNNING
-    agent._run_done[RUN_ID] = threading.Event()
-    agent._run_job(job)
-    assert agent._run_status[RUN_ID] == pyagent.RunStatus.RUNNING  # not errored
-    assert started["env"]["WANDB_RUN_ID"] == RUN_ID
-    assert started["env"]["WANDB_SWEEP_ID"] == SWEEP_ID
-    assert "WANDB_SERVICE" not in started["env"]
-    assert started["command"] == theirs
-    assert trial.results == [(RUN_ID, 0)]
-
-    # a failing trial is reported to the agent as an errored run
-    failing = S.AgentTrial(cfg, runner=lambda command, env, cwd: 3, out=lambda *a: None)
-    agent._function = failing
-    agent._run_done["r2"] = threading.Event()
-    agent._run_status["r2"] = pyagent.RunStatus.RUNNING
-    agent._run_job(pyagent.Job({"type": "run", "run_id": "r2", "args": dict(AGENT_ARGS)}))
-    assert agent._run_status["r2"] == pyagent.RunStatus.ERRORED
-    assert "exited with code 3" in str(agent._exceptions["r2"])
-    assert "TrialFailed: trial r2: train_fp8.py exited with code 3" in capsys.readouterr().err
-
-
 def test_trial_process_is_stopped_when_the_agent_stops_it(tmp_path):
-    """A W&B stop command (or Ctrl-C) interrupts the waiting trial: the process group gets
-    SIGTERM before the interruption propagates."""
+    """Ctrl-C (or any interruption) of the waiting trial: the process group gets SIGTERM
+    before the interruption propagates."""
     import threading
     import time
 
@@ -507,16 +533,247 @@ def test_trial_process_is_stopped_when_the_agent_stops_it(tmp_path):
         try:
             S.run_command([sys.executable, "-c", script], env=dict(os.environ), cwd=str(ROOT),
                           grace=10)
-        except BaseException as e:  # noqa: B036 - what pyagent's stop injects
+        except BaseException as e:  # noqa: B036 - what an asynchronous interruption injects
             box["exc"] = e
 
     t = threading.Thread(target=target)
     t.start()
     time.sleep(1.5)
     from wandb.agents.pyagent import _terminate_thread
-    _terminate_thread(t)  # what pyagent does for a `stop` command
+    _terminate_thread(t)  # an asynchronous exception in the waiting thread
     t.join(timeout=20)
     assert not t.is_alive() and "exc" in box and marker.exists()
+
+
+# --- agent: W&B's own agent, run for real against a stubbed W&B server ----------------------
+
+class FakeServer:
+    """The W&B server, the one thing stubbed: it answers the GraphQL requests of wandb's public
+    API and of wandb's agent. The sweep (its config as YAML), agent registration, and
+    heartbeats, which hand out `runs` [(run_id, {param: value})] one at a time while no run is
+    running, send a `stop` once for each run in `stop` that the agent reports running, and
+    `exit` once every run has been handed out."""
+
+    def __init__(self, config, runs, stop=()):
+        self.config_yaml = yaml.safe_dump(config)
+        self.runs, self.stop = list(runs), set(stop)
+        self.requests = []
+
+    def execute_graphql(self, query, variables=None, **kw):
+        variables = dict(variables or {})
+        if "createAgent" in query:
+            self.requests.append(("createAgent", variables))
+            return {"createAgent": {"agent": {"id": "agent-1"}}}
+        if "agentHeartbeat" in query:
+            running = json.loads(variables["runState"])
+            self.requests.append(("heartbeat", running))
+            commands = [{"type": "stop", "run_id": r} for r in running if r in self.stop]
+            self.stop -= set(running)
+            if not running:
+                if self.runs:
+                    run_id, params = self.runs.pop(0)
+                    commands.append({"type": "run", "run_id": run_id, "program": "train_fp8.py",
+                                     "args": {k: {"value": v} for k, v in params.items()}})
+                else:
+                    commands.append({"type": "exit"})
+            return {"agentHeartbeat": {"agent": {"id": "agent-1"},
+                                       "commands": json.dumps(commands)}}
+        assert "sweep" in query, query
+        self.requests.append(("sweep", variables))
+        return {"project": {"sweep": {"id": "sweep-1", "name": SWEEP_ID, "state": "RUNNING",
+                                      "config": self.config_yaml, "runs": {"edges": []}}}}
+
+
+class FakeApi:
+    """What wandb.Api() gives back here: the client's settings and its GraphQL connection,
+    which is the FakeServer; `sweep()` is wandb's own public Sweep object on it."""
+
+    def __init__(self, server, overrides=None, **kw):
+        self.settings = {"entity": "e", "project": "p", **(overrides or {})}
+        self._service_api = server
+
+    def sweep(self, path):
+        from wandb.apis.public import Sweep
+        parts = [self.settings["entity"], self.settings["project"]] + path.split("/")
+        return Sweep(self._service_api, *parts[-3:])
+
+
+def serve(config, runs, stop=()):
+    """Point wandb at a FakeServer (for the rest of this process)."""
+    import wandb
+    server = FakeServer(config, runs, stop)
+    wandb.Api = lambda *a, **kw: FakeApi(server, **kw)
+    return server
+
+
+# One trial's processes, for the agent's tests: the "launcher" records its command line and
+# environment, then exits with its --seed (0 or < 100), or (--seed >= 100) runs until stopped,
+# with a second process in its group (as a second rank), each noting the SIGTERM it gets.
+TRIAL = r'''
+import json, os, signal, subprocess, sys, time
+log = os.environ["FAKE_TRIAL_LOG"]
+def note(**kw):
+    with open(log, "a") as fh:
+        fh.write(json.dumps(kw) + "\n")
+argv = sys.argv[1:]
+note(event="start", argv=argv, cwd=os.getcwd(),
+     env={k: v for k, v in os.environ.items() if k.startswith(("WANDB_", "FP8TRAIN_"))})
+seed = next(int(a.split("=", 1)[1]) for a in argv if a.startswith("--seed="))
+if seed < 100:
+    sys.exit(seed)
+RANK = ("import json, signal, sys, time\n"
+        "def stop(*a):\n"
+        "    with open(sys.argv[1], 'a') as fh:\n"
+        "        fh.write(json.dumps({'event': 'stopped', 'who': 'rank'}) + '\\n')\n"
+        "    sys.exit(3)\n"
+        "signal.signal(signal.SIGTERM, stop)\n"
+        "open(sys.argv[1], 'a').write(json.dumps({'event': 'ready', 'who': 'rank'}) + '\\n')\n"
+        "time.sleep(120)\n")
+rank = subprocess.Popen([sys.executable, "-c", RANK, log])
+def stop(*a):
+    note(event="stopped", who="launcher")
+    rank.wait()
+    sys.exit(3)
+signal.signal(signal.SIGTERM, stop)
+note(event="ready", who="launcher")
+time.sleep(120)
+'''
+
+
+def trial_events(path):
+    return [json.loads(line) for line in open(path)] if os.path.exists(path) else []
+
+
+@pytest.fixture
+def wandb_offline(tmp_path, monkeypatch):
+    """W&B offline, a key the stubbed server accepts, W&B's files in tmp_path, the recording
+    trial; wandb.Api and os.environ are restored afterwards."""
+    import wandb
+    monkeypatch.setattr(wandb, "Api", wandb.Api)
+    monkeypatch.setenv("WANDB_MODE", "offline")
+    monkeypatch.setenv("WANDB_API_KEY", "0" * 40)
+    monkeypatch.setenv("WANDB_DIR", str(tmp_path))
+    monkeypatch.setenv("FAKE_TRIAL_LOG", str(tmp_path / "trials.jsonl"))
+    monkeypatch.setenv("WANDB_SERVICE", "agent-service-token")
+    for k in ("WANDB_SWEEP_ID", "WANDB_RUN_ID", "WANDB_ENTITY", "WANDB_PROJECT"):
+        monkeypatch.delenv(k, raising=False)
+    (tmp_path / "trial.py").write_text(TRIAL)
+    return tmp_path
+
+
+AGENT_SWEEP = sweep_cfg({"seed": {"values": [0, 3, 100]}, "use_wandb": {"value": True}})
+
+
+def test_agent_runs_the_sweeps_trials_with_wandbs_own_agent(wandb_offline):
+    """W&B's agent (wandb.agent without a function) builds each trial from the sweep's command,
+    with the launcher in FP8TRAIN_LAUNCHER, in the agent's environment and the repository
+    root; the agent reports the trials' exit codes and its own."""
+    server = serve(AGENT_SWEEP, [(RUN_ID, {"seed": 0, "use_wandb": True}),
+                                 ("r2", {"seed": 3, "use_wandb": True})])
+    trial = wandb_offline / "trial.py"
+    before, cwd = dict(os.environ), os.getcwd()
+    lines = []
+    rc = S.agent(f"team/proj/{SWEEP_ID}", launcher=[sys.executable, str(trial)],
+                 out=lines.append)
+    assert rc == 1
+    assert lines[-1] == "agent: 2 trials run, 1 failed (r2)"
+    assert dict(os.environ) == before and os.getcwd() == cwd
+    assert server.requests[0] == ("sweep", {"entity": "team", "project": "proj",
+                                            "name": SWEEP_ID})
+    starts = [e for e in trial_events(wandb_offline / "trials.jsonl") if e["event"] == "start"]
+    assert [e["env"]["WANDB_RUN_ID"] for e in starts] == [RUN_ID, "r2"]
+    first = starts[0]
+    assert first["env"]["WANDB_SWEEP_ID"] == SWEEP_ID
+    assert "WANDB_SERVICE" not in first["env"]  # the agent's own connection stays with it
+    assert first["cwd"] == str(ROOT)
+    assert first["env"][S.LAUNCHER_VAR] == shlex.join(
+        [sys.executable, "-m", "fp8train.sweep.supervise", sys.executable, str(trial)])
+    # the launcher runs the program and its parameters, as build_command (= W&B) builds them
+    built = S.build_command(COMMAND, "train_fp8.py", {"seed": 0, "use_wandb": True})
+    assert first["argv"] == built[2:] == ["train_fp8.py", "--config", "configs/test_fp8.yaml",
+                                          "--seed=0", "--use_wandb=True"]
+
+
+def test_a_wandb_stop_reaches_every_process_of_the_trial(wandb_offline):
+    """A stop from W&B (early termination): the agent sends SIGTERM to the trial, and the
+    trial's supervisor passes it on to its whole process group (every rank)."""
+    serve(AGENT_SWEEP, [(RUN_ID, {"seed": 100, "use_wandb": True})], stop=[RUN_ID])
+    lines = []
+    rc = S.agent(SWEEP_ID, launcher=[sys.executable, str(wandb_offline / "trial.py")],
+                 out=lines.append)
+    assert rc == 1 and lines[-1] == f"agent: 1 trials run, 1 failed ({RUN_ID})"
+    events = trial_events(wandb_offline / "trials.jsonl")
+    assert {e["who"] for e in events if e["event"] == "stopped"} == {"launcher", "rank"}
+
+
+DRIVER = r'''
+import json, sys
+sys.path[:0] = [sys.argv[1]]
+import test_sweep as T
+from fp8train import sweep as S
+config, runs, launcher = json.loads(sys.argv[2])
+T.serve(config, runs)
+S.cli._launcher = lambda args: launcher
+sys.exit(S.main(["agent", "e/p/" + T.SWEEP_ID, "--count", "5"]))
+'''
+
+
+def test_sigterm_stops_the_running_trial_and_the_agent_exits_130(wandb_offline):
+    """What a job script does to stop a sweep agent (run_sweep.py agent, a real process): its
+    running trial gets SIGTERM in every process, no further trial starts, exit code 130."""
+    import signal
+    import time
+
+    runs = [(RUN_ID, {"seed": 100, "use_wandb": True}), ("r2", {"seed": 0, "use_wandb": True})]
+    launcher = [sys.executable, str(wandb_offline / "trial.py")]
+    log = wandb_offline / "trials.jsonl"
+    proc = subprocess.Popen(
+        [sys.executable, "-c", DRIVER, str(ROOT / "tests"),
+         json.dumps([AGENT_SWEEP, runs, launcher])], cwd=ROOT, env=dict(os.environ),
+        stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    try:
+        deadline = time.time() + 120
+        while len([e for e in trial_events(log) if e["event"] == "ready"]) < 2:
+            assert proc.poll() is None and time.time() < deadline, proc.communicate()
+            time.sleep(0.2)
+        proc.send_signal(signal.SIGTERM)
+        out, err = proc.communicate(timeout=120)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+    assert proc.returncode == 130, out + err
+    assert "agent: 1 trials run, 1 failed" in out and err.rstrip().endswith("interrupted")
+    events = trial_events(log)
+    assert {e["who"] for e in events if e["event"] == "stopped"} == {"launcher", "rank"}
+    assert [e["env"]["WANDB_RUN_ID"] for e in events if e["event"] == "start"] == [RUN_ID]
+
+
+def test_agent_runs_real_trials(wandb_offline, monkeypatch, capsys):
+    """`run_sweep.py agent` with the default launcher (python): a real train_fp8.py trial,
+    logging offline into <output_dir>/<W&B run id>."""
+    out = wandb_offline / "sweep"
+    monkeypatch.setenv("FP8TRAIN_DATA_DIR", DATA_DIR)
+    fixed = {a[2:].split("=")[0]: yaml.safe_load(a.split("=")[1]) for a in SHORT}
+    fixed["use_wandb"] = True
+    cfg = dict(sweep_cfg({"penalty_weight": {"values": [0.0, 0.01]},
+                          "penalty_type": {"value": "z_loss"},
+                          **{k: {"value": v} for k, v in fixed.items()}}),
+               command=COMMAND[:5] + [f"--output_dir={out}", "${args}"])
+    serve(cfg, [("trial-a", dict(fixed, penalty_weight=0.01, penalty_type="z_loss"))])
+    assert S.main(["agent", f"e/p/{SWEEP_ID}"]) == 0
+    assert "agent: 1 trials run, 0 failed" in capsys.readouterr().out
+    run = yaml.safe_load(open(out / "trial-a" / "config.yaml"))
+    assert run["penalty_weight"] == 0.01 and run["max_steps"] == 6 and run["use_wandb"]
+    assert any("val/loss" in row for row in metrics_rows(out / "trial-a"))
+
+
+def test_bad_sweep_ids_are_one_line_exit_2(capsys):
+    assert S.split_sweep_path("e/p/abc", None, "fp8train") == ("e", "p", "abc")
+    assert S.split_sweep_path("p/abc", "me", None) == ("me", "p", "abc")
+    assert S.split_sweep_path("abc", None, "fp8train") == (None, "fp8train", "abc")
+    assert S.main(["agent", "a/b/c/d"]) == 2
+    assert capsys.readouterr().err == ("error: sweep id 'a/b/c/d': expected SWEEP_ID, "
+                                       "PROJECT/SWEEP_ID or ENTITY/PROJECT/SWEEP_ID\n")
 
 
 # --- create ---------------------------------------------------------------------------------
@@ -563,7 +820,7 @@ def test_agent_refuses_a_sweep_whose_trials_would_not_log(monkeypatch, capsys, t
     """The sweep config comes from the server (stubbed): trials without use_wandb would never
     report the metric, so the agent stops before starting any."""
     cfg = sweep_cfg({"seed": {"values": [1, 2]}})
-    monkeypatch.setattr(S.server, "fetch_sweep_config", lambda *a: cfg)
+    monkeypatch.setattr(S.wandb_client, "fetch_sweep_config", lambda *a: cfg)
     assert S.main(["agent", "e/p/abc"]) == 2
     assert "the trials would not log to W&B" in capsys.readouterr().err
 

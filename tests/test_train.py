@@ -88,7 +88,7 @@ def test_demo_config_trains_well_below_the_unigram_baseline(tmp_path):
     latest = (ckpt / "latest").read_text().strip()
     assert latest == f"step_{final['step']:07d}"
     assert {"model.safetensors", "optimizer.bin", "random_states_0.pkl",
-            "custom_checkpoint_0.pkl"} <= set(os.listdir(ckpt / latest))
+            "train_state.json"} <= set(os.listdir(ckpt / latest))
     assert len([d for d in os.listdir(ckpt) if d.startswith("step_")]) == 3  # keep_checkpoints
     assert "done at step" in (out / "train.log").read_text()
 

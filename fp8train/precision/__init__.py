@@ -8,7 +8,7 @@
 warning) or stops (exit 2) when it cannot, as `fp8_fallback` says."""
 from __future__ import annotations
 
-from typing import Callable
+from typing import Callable, Optional
 
 import torch
 
@@ -39,11 +39,16 @@ def base_precision(cfg: Config, device: torch.device) -> Precision:
     return prec
 
 
-def build_precision(cfg: Config, device: torch.device, warn: Callable[[str], None]) -> Precision:
+def build_precision(cfg: Config, device: torch.device, warn: Callable[[str], None],
+                    run_dir: Optional[str] = None) -> Precision:
+    """The run's precision: the base (bf16/fp32/fp16), or an FP8 backend over it. `run_dir`:
+    where the backend caches its layer timings (a sweep trial's own directory; default
+    output_dir)."""
     base = base_precision(cfg, device)
     if not cfg.use_fp8:
         return base
     backend = _fp8_backends()[cfg.fp8_backend](cfg, base)
+    backend.run_dir = run_dir or cfg.output_dir
     reason = backend.unavailable(device)
     if reason is None:
         return backend

@@ -171,6 +171,7 @@ class Fp8Backend(Precision):
         self.info: Callable[[str], None] = lambda msg: None
         self.timer = None         # fp8_layers auto: shape -> (base s, fp8 s); None: CUDA events
         self.layer_policy = cfg.fp8_layers   # what the layer policy did, for config.yaml
+        self.run_dir = cfg.output_dir        # where fp8_layers auto caches its timings
         # On resume, the layers the checkpoint's run converted ("all" for runs from before the
         # policy existed): its weights only load into the same set, whatever timing says now.
         self.resumed_layers: "list | str | None" = None

@@ -47,7 +47,7 @@ from torch import nn
 
 from .base import Fp8Backend, LayerStats
 from .layers import replace_module
-from .policy import rank_world
+from ..agreement import rank_world
 from .scaling import FORMATS, FP8_MAX, quant_stats, quantize, update_delayed_scaling
 
 INPUT, WEIGHT, GRAD_OUTPUT = 0, 1, 2

@@ -38,6 +38,7 @@ from typing import Callable, Optional
 import torch
 from torch import nn
 
+from ..agreement import on_rank0, rank_world
 from ..autobatch import release_memory
 from ..keyed_cache import read_entry, write_entry
 from ..model import compiled
@@ -109,25 +110,6 @@ def measure(shapes: list, key: dict, path: str, time_shape: Timer,
     return Measured(timings, cached=False, seconds=seconds, note=note)
 
 
-def from_rank0(compute: Callable[[], Measured], rank: int, world: int,
-               gather: Optional[Callable[[object], list]] = None) -> Measured:
-    """Rank 0 computes; every rank returns rank 0's result, or raises rank 0's error. One
-    all-gather (`gather(obj)` -> every rank's obj) carries both, so no rank waits alone."""
-    mine, error = None, None
-    if rank == 0:
-        try:
-            mine = ("ok", compute())
-        except Exception as e:  # reported on every rank below
-            error = e
-            mine = ("error", f"{type(e).__name__}: {' '.join(str(e).split())[:300]}")
-    gathered = gather(mine) if world > 1 else [mine]
-    status, value = gathered[0]
-    if status == "error":
-        raise RuntimeError(f"fp8_layers auto: timing the layer shapes failed on rank 0: {value} "
-                           "(fp8_layers: all or min_size does not time)") from error
-    return value
-
-
 def decide(counts: "OrderedDict[Shape, int]", key: dict, path: str, time_shape: Timer,
            margin: float, base_name: str, label: str, tokens: int,
            info: Callable[[str], None], rank: int = 0, world: int = 1,
@@ -135,8 +117,10 @@ def decide(counts: "OrderedDict[Shape, int]", key: dict, path: str, time_shape: 
            refresh: bool = False) -> "tuple[dict, Measured]":
     """fp8_layers auto for these shapes: timings agreed over ranks, the table through `info`,
     and shape -> reason for the shapes that stay in high precision."""
-    measured = from_rank0(lambda: measure(list(counts), key, path, time_shape, refresh),
-                          rank, world, gather)
+    measured = on_rank0(lambda: measure(list(counts), key, path, time_shape, refresh),
+                        "fp8_layers auto: timing the layer shapes",
+                        " (fp8_layers: all or min_size does not time)", rank=rank,
+                        gather_fn=gather if world > 1 else (lambda obj: [obj]))
     for line in report(counts, measured, margin, base_name, label, tokens, path):
         info(line)
     return keep_reasons(measured.timings, margin, base_name), measured
@@ -167,10 +151,11 @@ def report(counts: "OrderedDict[Shape, int]", measured: Measured, margin: float,
 
 # --- the cache ----------------------------------------------------------------------------------
 
-def cache_path(cfg) -> str:
-    """fp8_layers.json in the batch-probe cache's directory (batch_cache_dir, else output_dir)."""
+def cache_path(cfg, run_dir: Optional[str] = None) -> str:
+    """fp8_layers.json in the batch-probe cache's directory (batch_cache_dir, else the run's
+    directory)."""
     from ..autobatch import cache_path as batch_cache_path
-    return os.path.join(os.path.dirname(batch_cache_path(cfg)), CACHE_FILE)
+    return os.path.join(os.path.dirname(batch_cache_path(cfg, run_dir)), CACHE_FILE)
 
 
 def cache_key(device: str, backend: str, settings: dict, base: str, versions: dict,
@@ -255,9 +240,9 @@ def layer_decision(backend, model: nn.Module) -> dict:
     key = cache_key(device_name, backend.cfg.fp8_backend, backend_settings(backend),
                     backend.base.name, versions(backend.cfg.fp8_backend), tokens, counts)
     rank, world = rank_world()
-    keep, measured = decide(counts, key, cache_path(backend.cfg), timer,
+    keep, measured = decide(counts, key, cache_path(backend.cfg, backend.run_dir), timer,
                             backend.cfg.fp8_auto_margin, backend.base.name, label, tokens,
-                            backend.info, rank, world, _all_gather, refresh=backend.cfg.reprobe)
+                            backend.info, rank, world, refresh=backend.cfg.reprobe)
     how = "cached" if measured.cached else "timed"
     backend.layer_policy = (f"auto: {len(counts) - len(keep)}/{len(counts)} shapes in FP8 "
                             f"({how} at {tokens:,} tokens)")
@@ -267,20 +252,6 @@ def layer_decision(backend, model: nn.Module) -> dict:
 def _device_of(model: nn.Module) -> torch.device:
     p = next(model.parameters(), None)
     return p.device if p is not None else torch.device("cpu")
-
-
-def rank_world() -> "tuple[int, int]":
-    import torch.distributed as dist
-    if dist.is_available() and dist.is_initialized():
-        return dist.get_rank(), dist.get_world_size()
-    return 0, 1
-
-
-def _all_gather(obj) -> list:
-    import torch.distributed as dist
-    out = [None] * dist.get_world_size()
-    dist.all_gather_object(out, obj)
-    return out
 
 
 # --- the real timer (CUDA) ----------------------------------------------------------------------

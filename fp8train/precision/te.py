@@ -20,6 +20,7 @@ from typing import Optional
 import torch
 from torch import nn
 
+from ..errors import one_line
 from .base import Fp8Backend, Precision
 from .layers import replace_module
 from .probe import ScaleProbe
@@ -84,8 +85,7 @@ class TransformerEngine(Fp8Backend):
         try:
             import transformer_engine.pytorch as te
         except Exception as e:  # ImportError, or a TE built for another torch / CUDA
-            first = " ".join(str(e).split())[:200]
-            return (f"transformer_engine cannot be imported ({type(e).__name__}: {first}); "
+            return (f"transformer_engine cannot be imported ({one_line(e, 200, with_type=True)}); "
                     "pip install --no-build-isolation 'transformer_engine[pytorch]'")
         from transformer_engine.common import recipe as recipes
         self.te, self.recipes = te, recipes

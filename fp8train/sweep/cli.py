@@ -1,5 +1,6 @@
 """The run_sweep.py command line: argparse for create / agent / local / validate, and main(),
-which reports a SweepError or ServerError as one line and returns the exit code."""
+which reports a SweepError (exit 2) or ServerError (exit 1) as one line and returns the exit
+code."""
 from __future__ import annotations
 
 import argparse
@@ -10,11 +11,12 @@ import sys
 import threading
 from typing import Optional
 
-from .errors import EXIT_BAD_INPUT, EXIT_FAILED, EXIT_OK, ServerError, SweepError
-from .launch import DEFAULT_INTERPRETER, interpreter_for, trial_env
+from ..errors import EXIT_OK, ServerError, SweepError, report
+from .command import DEFAULT_LAUNCHER, LAUNCHER_VAR, launcher_for
 from .local import run_local
-from .server import agent, create
+from .process import trial_env
 from .spec import validate_sweep
+from .wandb_client import agent, create
 
 
 def _parser() -> argparse.ArgumentParser:
@@ -26,11 +28,11 @@ def _parser() -> argparse.ArgumentParser:
         "file or arguments (one line naming the file and key).")
     sub = p.add_subparsers(dest="cmd", required=True, metavar="{create,agent,local,validate}")
 
-    def launcher(sp):
+    def launcher_options(sp):
         g = sp.add_mutually_exclusive_group()
         g.add_argument("--accelerate_config", "--accelerate-config", metavar="FILE",
                        help="run each trial as `accelerate launch --config_file FILE` "
-                       "(replaces ${interpreter})")
+                       f"(the launcher, ${LAUNCHER_VAR} in the sweep's command; default python)")
         g.add_argument("--num_processes", "--num-processes", type=int, metavar="K",
                        help="run each trial as `accelerate launch --num_processes K`")
 
@@ -49,7 +51,7 @@ def _parser() -> argparse.ArgumentParser:
     a.add_argument("--project", help="W&B project (default: from the sweep id, $WANDB_PROJECT, "
                    "else fp8train)")
     a.add_argument("--entity", help="W&B entity (default: from the sweep id, else yours)")
-    launcher(a)
+    launcher_options(a)
 
     lo = sub.add_parser("local", allow_abbrev=False,
                         help="run the sweep here without W&B (grid or random) and tabulate the "
@@ -62,18 +64,18 @@ def _parser() -> argparse.ArgumentParser:
                     help="sweep directory (default runs/sweeps/<sweep file name>)")
     lo.add_argument("--sweep-seed", "--sweep_seed", type=int, default=0, dest="sweep_seed",
                     help="seed of the random method's draws (default 0)")
-    launcher(lo)
+    launcher_options(lo)
 
     v = sub.add_parser("validate", allow_abbrev=False, help="check sweep YAMLs and exit")
     v.add_argument("sweep_yaml", nargs="+")
     return p
 
 
-def _interpreter(args) -> list[str]:
-    """${interpreter} from the command line; paths made absolute (trials run from the
-    repository root)."""
+def _launcher(args) -> list[str]:
+    """The launcher from the command line; paths made absolute (trials run from the repository
+    root)."""
     if args.accelerate_config is None and args.num_processes is None:
-        return list(DEFAULT_INTERPRETER)
+        return list(DEFAULT_LAUNCHER)
     if args.accelerate_config is not None and not os.path.isfile(args.accelerate_config):
         raise SweepError(f"--accelerate_config: file '{args.accelerate_config}' not found")
     if args.num_processes is not None and args.num_processes < 1:
@@ -82,8 +84,8 @@ def _interpreter(args) -> list[str]:
         raise SweepError("--accelerate_config / --num_processes: the accelerate command is not "
                          "on PATH (pip install accelerate)")
     if args.accelerate_config is not None:
-        return interpreter_for(accelerate_config=os.path.abspath(args.accelerate_config))
-    return interpreter_for(num_processes=args.num_processes)
+        return launcher_for(accelerate_config=os.path.abspath(args.accelerate_config))
+    return launcher_for(num_processes=args.num_processes)
 
 
 def _run(args, overrides: list[str]) -> int:
@@ -91,11 +93,11 @@ def _run(args, overrides: list[str]) -> int:
         if args.count is not None and args.count < 1:
             raise SweepError(f"--count must be >= 1, got {args.count}")
         return agent(args.sweep_id, count=args.count, project=args.project,
-                     entity=args.entity, interpreter=_interpreter(args))
+                     entity=args.entity, launcher=_launcher(args))
     if args.max_trials is not None and args.max_trials < 1:
         raise SweepError(f"--max-trials must be >= 1, got {args.max_trials}")
     return run_local(args.sweep_yaml, max_trials=args.max_trials, output_dir=args.output_dir,
-                     overrides=overrides, seed=args.sweep_seed, interpreter=_interpreter(args))
+                     overrides=overrides, seed=args.sweep_seed, launcher=_launcher(args))
 
 
 def _raise_interrupt(signum, frame):
@@ -132,12 +134,8 @@ def main(argv: Optional[list[str]] = None) -> int:
         finally:
             if previous is not None:
                 signal.signal(signal.SIGTERM, previous)
-    except SweepError as e:
-        print(f"error: {e}", file=sys.stderr)
-        return EXIT_BAD_INPUT
-    except ServerError as e:
-        print(f"error: {e}", file=sys.stderr)
-        return EXIT_FAILED
+    except (SweepError, ServerError) as e:
+        return report(e)
     except KeyboardInterrupt:
         print("interrupted", file=sys.stderr)
         return 130

@@ -11,12 +11,13 @@ import statistics
 import time
 from typing import Callable, Optional, Sequence
 
-from ..config import ConfigError, load_config
-from .errors import EXIT_FAILED, EXIT_OK, SweepError
-from .launch import (DEFAULT_INTERPRETER, ROOT, agent_args, build_command, config_argv,
-                     run_command, trial_env)
+from ..config import load_config
+from ..errors import EXIT_FAILED, EXIT_OK, ConfigError, SweepError
+from .command import DEFAULT_LAUNCHER, ROOT, build_command, config_argv, launcher_env
+from .process import run_command, trial_env
 from .spec import (DEFAULT_METRIC, format_value, is_number, is_value, metric_of, repo_relative,
-                   spec_distribution, strip_source, sweep_command, validate_sweep)
+                   require_launcher, spec_distribution, strip_source, sweep_command,
+                   validate_sweep)
 from .trials import LOCAL_DISTRIBUTIONS, grid_trials, random_trials
 
 
@@ -115,10 +116,12 @@ def _show_path(p: str) -> str:
 
 def run_local(path: str, *, max_trials: Optional[int] = None, output_dir: Optional[str] = None,
               overrides: Sequence[str] = (), seed: int = 0,
-              interpreter: Sequence[str] = DEFAULT_INTERPRETER,
+              launcher: Sequence[str] = DEFAULT_LAUNCHER,
               runner: Callable[..., int] = run_command, out=print) -> int:
     """Validate the sweep, check every trial's command line, then run the trials one after
-    another into <output_dir>/trial_NNN; returns the exit code (1 if a trial failed)."""
+    another into <output_dir>/trial_NNN, each built from the sweep's command as W&B's agent
+    builds it, with FP8TRAIN_LAUNCHER set to `launcher`; returns the exit code (1 if a trial
+    failed)."""
     cfg = validate_sweep(path)
     method = cfg["method"]
     if method == "bayes":
@@ -151,14 +154,17 @@ def run_local(path: str, *, max_trials: Optional[int] = None, output_dir: Option
             e.startswith("trial_") or e.startswith("results.") for e in os.listdir(sweep_dir)):
         raise SweepError(f"{_show_path(sweep_dir)} already holds a sweep's trials; remove it or "
                          "pass --output_dir DIR")
+    if list(launcher) != list(DEFAULT_LAUNCHER):
+        require_launcher(cfg, path, "--accelerate_config / --num_processes")
     program = cfg["program"]
     command = sweep_command(cfg)
+    env = dict(trial_env(local=True), **launcher_env(launcher))
     width = max(3, len(str(len(trials))))
     planned = []
     for i, params_i in enumerate(trials, 1):
         name = f"trial_{i:0{width}d}"
         run_dir = os.path.join(sweep_dir, name)
-        argv = build_command(command, program, agent_args(params_i), interpreter=interpreter)
+        argv = build_command(command, program, params_i, environ=env)
         argv += list(overrides) + [f"--output_dir={run_dir}"]
         try:  # every trial's command line is checked before the first one starts
             load_config(config_argv(argv, program))
@@ -174,7 +180,6 @@ def run_local(path: str, *, max_trials: Optional[int] = None, output_dir: Option
                                          for t in planned}) > 1] or list(params)
     out(f"sweep {repo_relative(path)}: {method}, {len(planned)} of {total} trials -> "
         f"{_show_path(sweep_dir)}  (metric {metric['name']}, {metric['goal']})")
-    env = trial_env(local=True)
     results = []
     for i, (name, run_dir, params_i, argv) in enumerate(planned, 1):
         shown = ", ".join(f"{k}={format_value(params_i[k])}" for k in varying)

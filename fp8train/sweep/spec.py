@@ -11,8 +11,9 @@ import re
 from typing import Any
 
 from ..config import KEYS, Config, ConfigError, load_config, read_yaml
-from .errors import SweepError
-from .launch import DEFAULT_INTERPRETER, PROGRAM, ROOT, agent_args, build_command, config_argv
+from ..errors import SweepError
+from .command import (ARGS_MACROS, DEFAULT_COMMAND, EXAMPLE_COMMAND, LAUNCHER_ITEM, LAUNCHER_VAR,
+                      PROGRAM, ROOT, build_command, config_argv, has_launcher, macro_problem)
 
 METHODS = ("grid", "random", "bayes")
 GOALS = ("minimize", "maximize")
@@ -21,13 +22,6 @@ DEFAULT_METRIC = {"name": "val/loss", "goal": "minimize"}
 TOP_LEVEL_KEYS = ("program", "method", "metric", "parameters", "command", "name", "description",
                   "project", "entity", "early_terminate", "run_cap", "controller", "job",
                   "image_uri", "apiVersion")
-# The W&B default when a sweep has no `command` (wandb.sdk.launch.sweeps.utils).
-DEFAULT_COMMAND = ("${env}", "${interpreter}", "${program}", "${args}")
-# Macros whose expansion train_fp8.py can read: --key=value, --key value, --key / (omitted).
-ARGS_MACROS = ("${args}", "${args_no_equals}", "${args_no_boolean_flags}")
-OTHER_ARGS_MACROS = ("${args_no_hyphens}", "${args_json}", "${args_json_file}", "${args_dict}",
-                     "${args_append_hydra}", "${args_override_hydra}")
-PLAIN_MACROS = ("${env}", "${interpreter}", "${program}")
 
 # distribution -> the keys it needs
 DISTRIBUTIONS = {
@@ -78,8 +72,17 @@ def _fail(source: str, where: str, msg: str):
 
 
 def sweep_command(cfg: dict) -> list[str]:
+    """The sweep's command as strings (W&B's default when it has none)."""
     command = cfg.get("command")
     return [str(c) for c in command] if command else list(DEFAULT_COMMAND)
+
+
+def require_launcher(cfg: dict, source: str, what: str) -> None:
+    """SweepError unless the sweep's command takes its launcher from FP8TRAIN_LAUNCHER, which
+    `what` needs."""
+    if not has_launcher(sweep_command(cfg)):
+        _fail(source, "command", f"must start with ${{env}}, {LAUNCHER_ITEM} (the launcher) "
+              f"for {what}, e.g. [{', '.join(EXAMPLE_COMMAND)}]")
 
 
 def metric_of(cfg: dict) -> dict:
@@ -121,27 +124,21 @@ def _check_program_and_command(cfg: dict, source: str) -> tuple[str, list[str]]:
               f"(expected {PROGRAM})")
     if os.path.basename(program) != PROGRAM:
         _fail(source, "program", f"this launcher sweeps {PROGRAM}, got '{program}'")
+    shown = "[" + ", ".join(EXAMPLE_COMMAND) + "]"
     if "command" not in cfg:
         return program, list(DEFAULT_COMMAND)
     raw = cfg["command"]
     if not isinstance(raw, list) or not raw or \
             not all(isinstance(c, (str, int, float)) and not isinstance(c, bool) for c in raw):
-        _fail(source, "command", "must be a list of strings, e.g. [${env}, ${interpreter}, "
-              "${program}, --config, configs/test_fp8.yaml, ${args}]")
+        _fail(source, "command", f"must be a list of strings, e.g. {shown}")
     command = [str(c) for c in raw]
     for i, c in enumerate(command):
-        if c.startswith("${envvar:"):
-            continue
-        if c.startswith("${") and c.endswith("}"):
-            if c in OTHER_ARGS_MACROS:
-                _fail(source, f"command[{i}]", f"{c}: {PROGRAM} reads --key=value options; "
-                      "use ${args}")
-            if c not in PLAIN_MACROS + ARGS_MACROS:
-                _fail(source, f"command[{i}]", f"unknown macro {c} (wandb agent would drop it); "
-                      f"known: {', '.join(PLAIN_MACROS + ARGS_MACROS)}")
-        elif "${" in c and "${envvar:" not in c:
-            _fail(source, f"command[{i}]", f"'{c}': a macro must be a whole list item "
-                  "(wandb agent leaves it as text otherwise)")
+        problem = macro_problem(c)
+        if problem:
+            _fail(source, f"command[{i}]", problem)
+    if any(LAUNCHER_VAR in c for c in command) and not has_launcher(command):
+        _fail(source, "command", f"{LAUNCHER_ITEM} goes right after ${{env}}, at the start "
+              f"(/usr/bin/env -S splits the launcher into words): {shown}")
     if "${program}" not in command and not any(c.endswith(PROGRAM) for c in command):
         _fail(source, "command", f"does not run the program: add ${{program}} (or {PROGRAM})")
     found = [c for c in command if c in ARGS_MACROS]
@@ -306,8 +303,7 @@ def representative_params(cfg: dict) -> dict:
 def check_trial_config(command: list[str], program: str, params: dict) -> Config:
     """The run config train_fp8.py reads from this trial's command line; ConfigError if it
     would reject it."""
-    built = build_command(command, program, agent_args(params),
-                          interpreter=DEFAULT_INTERPRETER)
+    built = build_command(command, program, params)
     return load_config(config_argv(built, program))
 
 

@@ -6,7 +6,7 @@ import itertools
 import math
 import random
 
-from .errors import SweepError
+from ..errors import SweepError
 from .spec import quantize, spec_distribution
 
 # Distributions `local` can sample (the rest need the W&B server).

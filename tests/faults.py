@@ -1,6 +1,8 @@
-"""Fault injection for the reliability tests: a test sets FP8TRAIN_FAULTS and a real training
-process fails at exactly the point the test names. Unset (every normal run), nothing here
-does any work: `Faults.from_env()` returns None and the loop never calls in.
+"""Fault injection for the reliability tests: a test sets FP8TRAIN_FAULTS and runs the trainer
+through tests/train_with_faults.py, which installs these faults from outside the package
+(wrapping the loop's and the checkpoint writer's functions) before it calls the real entry
+point; a real training process then fails at exactly the point the test names. fp8train itself
+knows nothing of this.
 
     FP8TRAIN_FAULTS="nan@5,nan@9-12,kill@step:7,kill@save:6:state,fail@save:9"
 
@@ -83,3 +85,63 @@ class Faults:
 
 def _kill() -> None:
     os.kill(os.getpid(), signal.SIGKILL)
+
+
+def install(faults: "Faults | None") -> None:
+    """Wrap fp8train's functions so that `faults` fire where they name (for the whole process:
+    tests/train_with_faults.py calls this before the trainer starts)."""
+    if faults is None:
+        return
+    install_step_faults(faults)
+    install_save_faults(faults)
+
+
+def _wrap(owner, name, setattr_=setattr, before=None, after=None):
+    import functools
+    original = getattr(owner, name)
+
+    @functools.wraps(original)
+    def wrapped(*args, **kwargs):
+        if before:
+            before(*args, **kwargs)
+        out = original(*args, **kwargs)
+        if after:
+            after(*args, **kwargs)
+        return out
+    setattr_(owner, name, wrapped)
+
+
+def install_step_faults(faults: "Faults") -> None:
+    """nan@: the loop's lm_loss, for the step the loop is running; kill@step: Health.step,
+    which runs after backward, before the update."""
+    from fp8train import health, loop
+    current = {"step": 0, "nan": False}
+    lm_loss = loop.lm_loss
+
+    def step_starts(trainer, *_):
+        current["step"] = trainer.st.step + 1
+        current["nan"] = faults.nan_loss(current["step"])
+
+    def nan_loss(*args, **kwargs):
+        loss, ce, penalty = lm_loss(*args, **kwargs)
+        if current["nan"]:
+            loss, ce = loss * float("nan"), ce * float("nan")
+        return loss, ce, penalty
+
+    loop.lm_loss = nan_loss
+    _wrap(loop.Trainer, "train_step", before=step_starts)
+    _wrap(health.Health, "step", before=lambda *_: faults.in_step(current["step"]))
+
+
+def install_save_faults(faults, setattr_=setattr) -> None:
+    """kill@save, fail@save: `faults.in_save(step, phase, where)` after each phase of the
+    checkpoint writer: the state files written (no manifest), the manifest written (before the
+    rename), renamed into place (before `latest` is updated). `setattr_`: pytest's
+    monkeypatch.setattr for a test in this process."""
+    from fp8train.checkpoint import CheckpointManager as M
+    _wrap(M, "_write_state", setattr_, after=lambda self, acc, tmp, state, *_:
+          faults.in_save(state.step, "state", tmp))
+    _wrap(M, "_write_manifest", setattr_, after=lambda self, tmp, step, *_:
+          faults.in_save(step, "manifest", tmp))
+    _wrap(M, "_move_into_place", setattr_, after=lambda self, tmp, final, step, *_:
+          faults.in_save(step, "pointer", final))

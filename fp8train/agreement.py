@@ -1,0 +1,87 @@
+"""Agreement between ranks: every decision that one rank makes (or that can fail on one rank) is
+shared with all of them, so that they take the same path and none waits at a collective the
+others skipped.
+
+Three shapes, each one collective over the default process group (a single process does no
+communication at all):
+  on_rank0(compute)   rank 0 computes (a download, a checksum pass, a timing); every rank gets
+                      its value, or raises its error
+  first_error(error)  each rank's optional error message; every rank gets the first one
+  agreed_max(value)   the largest of the ranks' integers (a stop request from any rank)
+"""
+from __future__ import annotations
+
+from typing import Any, Callable, Optional, TypeVar
+
+from .errors import ConfigError, one_line
+
+T = TypeVar("T")
+
+
+class RankFailed(RuntimeError):
+    """An unexpected error on one rank, reported on every rank in one line."""
+
+
+def rank_world() -> "tuple[int, int]":
+    """(rank, world size) of the default process group; (0, 1) without one."""
+    import torch.distributed as dist
+    if dist.is_available() and dist.is_initialized():
+        return dist.get_rank(), dist.get_world_size()
+    return 0, 1
+
+
+def gather(obj: Any) -> list:
+    """Every rank's `obj` (picklable), in rank order, on every rank."""
+    rank, world = rank_world()
+    if world == 1:
+        return [obj]
+    import torch.distributed as dist
+    out = [None] * world
+    dist.all_gather_object(out, obj)
+    return out
+
+
+def on_rank0(compute: Callable[[], T], what: str = "", hint: str = "", *,
+             rank: Optional[int] = None, gather_fn: Optional[Callable[[Any], list]] = None) -> T:
+    """`compute()` on rank 0 alone while the others wait; every rank returns its value. A
+    ConfigError there is raised on every rank with the same message; any other error becomes a
+    RankFailed "<what> failed on rank 0: <error><hint>" (rank 0 keeps the original as its
+    cause). `rank` and `gather_fn` default to the process group's (tests pass their own)."""
+    rank = rank_world()[0] if rank is None else rank
+    gather_fn = gather_fn or gather
+    mine, error = None, None
+    if rank == 0:
+        try:
+            mine = ("ok", compute())
+        except ConfigError as e:
+            mine = ("config", str(e))
+        except Exception as e:  # reported on every rank below
+            error = e
+            mine = ("error", one_line(e, with_type=True))
+    status, value = gather_fn(mine)[0]
+    if status == "config":
+        raise ConfigError(value)
+    if status == "error":
+        raise RankFailed(f"{what or 'a step'} failed on rank 0: {value}{hint}") from error
+    return value
+
+
+def first_error(error: Optional[str]) -> Optional[str]:
+    """The first rank's error (by rank), prefixed with its rank unless it is rank 0; None when
+    no rank failed."""
+    for rank, e in enumerate(gather(error)):
+        if e is not None:
+            return e if rank == 0 else f"rank {rank}: {e}"
+    return None
+
+
+def agreed_max(value: int, device=None) -> int:
+    """The largest of the ranks' values on every rank (one small all-reduce)."""
+    _, world = rank_world()
+    if world == 1:
+        return value
+    import torch
+    import torch.distributed as dist
+    t = torch.tensor([value], device=device)
+    dist.all_reduce(t, op=dist.ReduceOp.MAX)
+    return int(t.item())

@@ -1,0 +1,188 @@
+"""The training loop: `train(cfg)` builds the run (build.py), then steps until the end or a stop.
+
+Every component decides its own cadence: the evaluator when to evaluate, the checkpointer when
+to save, the stopper when the ranks agree on a stop, recovery when to roll back. The loop calls
+them in order and reads top to bottom.
+"""
+from __future__ import annotations
+
+import time
+
+import torch
+
+from .errors import EXIT_STOPPED
+from .loss import lm_loss
+from .schedule import lr_at
+
+
+def train(cfg) -> int:
+    """Train the run `cfg` describes; returns the exit code (0 done, 3 stopped by a signal)."""
+    from .build import build
+    run = build(cfg)
+    if run is None:          # --plan_only, or nothing left to train
+        return 0
+    with run:
+        return Trainer(run).fit()
+
+
+class Trainer:
+    def __init__(self, run):
+        self.run = run
+        self.acc, self.net, self.feed, self.st = run.acc, run.net, run.feed, run.state
+        self.log, self.parts = run.log, run.parts
+        self.batches = None
+
+    def fit(self) -> int:
+        st, p, log = self.st, self.parts, self.log
+        if p.evaluator.target_done(st):
+            log.msg(f"nothing to do: target val/loss {st.target:g} was reached at step "
+                    f"{st.target_step:,} (stop_at_target: false trains on)")
+            return 0   # the run's summary.json, written when it stopped there, stands
+        total = self.feed.sched.total_steps
+        stop_reason, at_target = None, False
+        self.net.model.train()
+        self.batches = self.feed.stream(st.data_position)
+        p.meter.start()   # training time only: eval and checkpoints excluded
+        p.wall.start()
+        with p.stopper:
+            try:
+                while st.step < total:
+                    last = st.step + 1 == total
+                    logged = p.meter.due(st.step + 1, last)
+                    lr, grad_norm = self.train_step(logged)
+                    if logged and self.after_log_step(lr, grad_norm):
+                        continue                       # rolled back to the last checkpoint
+                    stop_reason = p.stopper.check(st.step, logged, last)
+                    if stop_reason and p.stopper.signalled:
+                        log.preempting()
+                    at_target = self.eval_and_save(last, stop_reason)
+                    if stop_reason or at_target:
+                        break
+            finally:
+                self.batches.close()
+        return self.finish(stop_reason, at_target)
+
+    def train_step(self, watched: bool):
+        """One optimizer step over this rank's micro-batches; returns its LR and gradient norm
+        (a device tensor). A non-finite step is skipped on the device, without a host sync
+        (see health.py)."""
+        net, st, plan = self.net, self.st, self.feed.plan
+        lr = lr_at(st.step, **self.feed.lr_args)
+        for group in net.optimizer.param_groups:
+            group["lr"] = lr
+        if watched:
+            net.prec.watch(True)  # scale statistics on logged steps only
+        step_ce = step_penalty = 0.0
+        for _ in range(plan.accum):   # this rank's slice of the step, one micro-batch at a time
+            t_wait = time.perf_counter()
+            x, y = self.batches.next()
+            self.parts.meter.data_wait += time.perf_counter() - t_wait
+            x = x.to(self.acc.device, non_blocking=True)
+            y = y.to(self.acc.device, non_blocking=True)
+            with self.acc.accumulate(net.model):  # no_sync except on the last micro-step
+                with net.prec.forward_context(training=True):
+                    logits = net.model(x)
+                loss, ce, penalty = lm_loss(logits, y, net.loss.penalty_type,
+                                            net.loss.penalty_weight)
+                self.acc.backward(loss)            # divides by the accumulation steps
+            net.prec.after_backward()
+            step_ce = step_ce + ce.detach()
+            step_penalty = step_penalty + penalty.detach()
+        grad_norm = self.acc.clip_grad_norm_(net.model.parameters(), net.max_norm)
+        skip = net.health.step(grad_norm, step_ce / plan.accum, step_penalty / plan.accum)
+        net.inner_optimizer.found_inf = skip   # the fused kernel skips it: no host sync
+        with net.optimizer_context():
+            net.optimizer.step()
+        net.optimizer.zero_grad(set_to_none=net.grads_to_none)
+        st.step += 1
+        st.tokens += self.feed.tokens_per_step
+        st.data_position += plan.effective
+        self.parts.meter.steps += 1
+        return lr, grad_norm
+
+    def after_log_step(self, lr: float, grad_norm) -> bool:
+        """Log the interval (its one host sync); roll back after too many non-finite steps in a
+        row. True when the run rolled back."""
+        st, net, p = self.st, self.net, self.parts
+        vals = self.acc.reduce(net.health.interval(), "mean").tolist()  # host sync
+        loss, penalty, bad, loss_max, worst_streak = vals
+        row = p.meter.row(st, loss, penalty, lr, float(grad_norm))
+        st.skipped_steps += int(bad)
+        extra = net.prec.stats()             # rank 0's scales, read in one go
+        net.prec.watch(False)
+        if extra:
+            row.update(zip(extra, torch.stack(list(extra.values())).tolist()))
+        row["train/skipped_steps"] = int(bad)
+        row["train/loss_max"] = loss_max
+        self.log.log(row)
+        interval = p.meter.last_steps
+        if bad:
+            self.log.msg(f"step {st.step:,}: {int(bad)} step(s) of the last {interval} had "
+                         f"non-finite gradients; their updates were skipped "
+                         f"({st.skipped_steps:,} so far)")
+        spike = net.health.spike(loss, loss_max)
+        if spike:
+            self.log.warn(f"loss spike in steps {st.step - interval + 1:,}-{st.step:,}: {spike}")
+        if not p.recovery.due(worst_streak):
+            return False
+        p.meter.clock.pause()
+        self.batches.close()
+        p.recovery.roll_back(st)
+        self.batches = self.feed.stream(st.data_position)
+        p.meter.clock.resume()
+        return True
+
+    def eval_and_save(self, last: bool, stop_reason) -> bool:
+        """Evaluate and checkpoint when due; True when the target was reached and the run stops
+        there (stop_at_target)."""
+        st, p = self.st, self.parts
+        signalled = p.stopper.signalled
+        do_eval = p.evaluator.due(st.step, last, bool(stop_reason) and not signalled)
+        do_ckpt = p.checkpointer.due(st.step, last, bool(stop_reason))
+        if not (do_eval or do_ckpt):
+            return False
+        at_target = False
+        p.meter.clock.pause()
+        # A target reached is saved, and with stop_at_target ends the run here.
+        if do_eval and p.evaluator.run(self.net.model, st, st.train_seconds +
+                                       p.meter.clock.banked, p.wall()):
+            do_ckpt = True
+            at_target = p.evaluator.stops_run(True) and not last and not stop_reason
+        if do_ckpt:
+            final = bool(last or stop_reason or at_target)
+            if final:   # the steps since the last log line count too
+                st.train_seconds += p.meter.clock.collect()
+            if p.checkpointer.save(st, final, p.wall(), p.recovery.in_streak):
+                p.recovery.saved(st.step)
+        p.meter.clock.resume()
+        return at_target
+
+    def finish(self, stop_reason, at_target: bool) -> int:
+        """The closing line and the end-of-run report (log, summary.json, W&B summary)."""
+        st, p = self.st, self.parts
+        exit_code = EXIT_STOPPED if p.stopper.signalled else 0
+        if self.log.progress is not None:
+            self.log.progress.close()
+        done = f"stopped early: {stop_reason}; resume with --resume" if stop_reason else \
+            "stopped at the target (stop_at_target)" if at_target else "done"
+        status = "target reached" if at_target else \
+            f"stopped: {stop_reason}" if stop_reason else "completed"
+        if exit_code == EXIT_STOPPED:
+            done += f" (exit {EXIT_STOPPED})"
+        skipped = f", {st.skipped_steps:,} non-finite steps skipped" if st.skipped_steps else ""
+        rolled = f", {st.rollbacks} rollback(s)" if st.rollbacks else ""
+        self.log.msg(f"{done} at step {st.step:,} ({st.tokens:,} tokens, "
+                     f"{st.train_seconds / 60:.1f} min of training{skipped}{rolled}); "
+                     f"checkpoint {p.checkpointer.latest()}")
+        from . import summary
+        st.wall_seconds = p.wall()
+        device = self.acc.device
+        peak_mem = torch.cuda.max_memory_allocated(device) / 1e9 \
+            if device.type == "cuda" else None
+        report = summary.build(self.run.facts, st, self.net.prec.derived(), dict(
+            status=status, exit_code=exit_code, final_val=p.evaluator.final,
+            latest_checkpoint=p.checkpointer.latest(), peak_memory_gb=peak_mem))
+        for line in summary.describe(report):
+            self.log.msg(line)
+        self.log.summary(self.run.run_dir, report)
+        return exit_code

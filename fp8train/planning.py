@@ -1,0 +1,118 @@
+"""The run's plan, decided once at start: the batch plan (written, discovered by the probe, or
+the checkpoint's) and the run's length in optimizer steps."""
+from __future__ import annotations
+
+import dataclasses
+import math
+from dataclasses import dataclass
+
+import torch
+
+from . import autobatch
+from .batching import BatchPlan, manual_plan
+from .config import Config, ConfigError
+from .loss import lm_loss
+from .model import GPT
+from .optimizer import build_optimizer
+from .precision import Precision, build_precision
+from .resume import saved_micro_batch
+
+
+@dataclass(frozen=True)
+class RunLength:
+    total_steps: int        # when training stops (epochs / max_steps)
+    lr_steps: int           # length of the LR schedule
+    steps_per_epoch: int
+
+
+def run_length(cfg: Config, train_tokens: int, plan: BatchPlan) -> RunLength:
+    tokens_per_step = plan.effective * cfg.seq_len
+    steps_per_epoch = max(1, math.ceil(train_tokens / tokens_per_step))
+    candidates = [s for s in (
+        math.ceil(cfg.num_epochs * steps_per_epoch) if cfg.num_epochs else None,
+        cfg.max_steps) if s is not None]
+    total = min(candidates)
+    lr_steps = cfg.lr_decay_steps or total
+    if cfg.warmup_steps >= lr_steps:
+        what = "lr_decay_steps" if cfg.lr_decay_steps else \
+            f"the run's total steps (num_epochs {cfg.num_epochs} × {steps_per_epoch} steps/epoch)"
+        raise ConfigError(f"{cfg.source}: key 'warmup_steps' ({cfg.warmup_steps}) must be "
+                          f"smaller than {what} = {lr_steps}")
+    return RunLength(total, lr_steps, steps_per_epoch)
+
+
+@dataclass(frozen=True)
+class BatchDecision:
+    plan: BatchPlan
+    note: str = ""                          # how it was decided, for the log and config.yaml
+    activation_checkpointing: bool = False  # the run's setting: the config's, or the probe's
+
+
+def new_model(mcfg, activation_checkpointing: bool) -> GPT:
+    model = GPT(mcfg)
+    model.activation_checkpointing = activation_checkpointing
+    return model
+
+
+def decide_batch(cfg: Config, mcfg, prec: Precision, accelerator, checkpoint, run_dir: str,
+                 log) -> BatchDecision:
+    """The batch plan as written, or (auto_batch_size) the checkpoint's micro-batch on resume,
+    or the largest micro-batch that fits, probed (or read from the cache) and agreed."""
+    world = accelerator.num_processes
+    if not cfg.auto_batch_size:
+        return BatchDecision(manual_plan(cfg, world), "", cfg.activation_checkpointing)
+    micro = saved_micro_batch(checkpoint, world) if checkpoint else None
+    if micro is not None:
+        plan = autobatch.plan_from_fit(cfg, world, micro)
+        return BatchDecision(plan, f"micro-batch {plan.micro} as in the checkpoint",
+                             cfg.activation_checkpointing)
+    return _discover(cfg, mcfg, prec, accelerator, run_dir, log)
+
+
+def _discover(cfg: Config, mcfg, prec: Precision, accelerator, run_dir: str,
+              log) -> BatchDecision:
+    device = accelerator.device
+    act = cfg.activation_checkpointing
+    if device.type == "cuda":
+        props = torch.cuda.get_device_properties(device)
+        device_desc = f"{props.name}, {props.total_memory / 2**30:.1f} GiB"
+    else:
+        device_desc = device.type
+    key = autobatch.cache_key(cfg, dataclasses.asdict(mcfg), prec.name, device_desc,
+                              accelerator.num_processes)
+    if accelerator.distributed_type == "FSDP":
+        log.warn("batch discovery under FSDP probes an unsharded copy of the model on each rank: "
+                 "it counts every parameter, gradient and optimizer moment whole, so the "
+                 "micro-batch it finds is a lower bound (set batch_size and "
+                 "gradient_accumulation_steps by hand to use more memory)")
+
+    def discover(act: bool, key: dict):
+        trial = autobatch.make_trial(
+            build_model=lambda: new_model(mcfg, act),
+            build_precision=lambda: build_precision(cfg, device, warn=lambda _: None,
+                                                    run_dir=run_dir),
+            build_optimizer=lambda m: build_optimizer(m, cfg),
+            loss_fn=lambda logits, x: lm_loss(logits, x, cfg.penalty_type,
+                                              cfg.penalty_weight)[0],
+            cfg=cfg, vocab_size=mcfg.vocab_size, device=device, autocast=accelerator.autocast)
+        return autobatch.discover(cfg, trial, key, device, accelerator.process_index,
+                                  accelerator.num_processes, accelerator.is_main_process,
+                                  log.msg, run_dir)
+
+    note = ""
+    try:
+        fit = discover(act, key)
+    except autobatch.DoesNotFit as e:
+        if act:
+            raise
+        # Recomputing activations costs ~30% more compute: worth it only when nothing fits
+        # without it. The cache key includes the setting, so this probes (or reads) anew.
+        log.warn(f"{e}; trying again with activation_checkpointing on")
+        act = True
+        fit = discover(act, dict(key, activation_checkpointing=True))
+        note = "; activation_checkpointing turned on: micro-batch 1 did not fit without it"
+    plan = autobatch.plan_from_fit(cfg, accelerator.num_processes, fit.micro)
+    how = f"cached in {autobatch.cache_path(cfg, run_dir)}" if fit.cached else \
+        f"probe {fit.seconds:.1f} s"
+    return BatchDecision(plan, f"fitted micro {fit.micro} of max {cfg.max_batch_size} "
+                         f"({how}){note}", act)

@@ -1,0 +1,15 @@
+"""train_fp8.py with the faults named in FP8TRAIN_FAULTS installed first (tests/faults.py):
+the tests run this instead of train_fp8.py when they inject a fault."""
+import os
+import sys
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))  # tests/: faults.py
+
+from faults import Faults, install  # noqa: E402
+
+install(Faults.from_env(int(os.environ.get("RANK", "0"))))
+
+from fp8train.cli import main  # noqa: E402
+
+if __name__ == "__main__":
+    sys.exit(main())
