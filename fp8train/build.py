@@ -14,8 +14,7 @@ from typing import Any, Optional
 
 import torch
 
-from . import autobatch
-from .batching import BatchPlan, manual_plan
+from .batching import BatchPlan
 from .checkpoint import CheckpointManager, TrainState, config_hash, saved_derived
 from .checkpointer import Checkpointer, WallClock
 from .config import Config, ConfigError, dump_yaml, section, to_dict
@@ -26,7 +25,8 @@ from .logger import Logger
 from .metrics import Meter, device_name, peak_note
 from .model import compiled, model_config_from
 from .optimizer import build_optimizer
-from .planning import BatchDecision, RunLength, decide_batch, new_model, run_length
+from .planning import (BatchDecision, RunLength, decide_batch, new_model, run_length,
+                       written_plan)
 from .precision import Precision, build_precision
 from .recovery import Recovery
 from .resume import check_config_change, choose_checkpoint, warn_schedule_change
@@ -46,7 +46,7 @@ class Net:
     health: Health
     loss: Any                 # the config's loss section
     max_norm: float           # gradient clipping (inf: off)
-    distributed: str          # accelerate's distributed_type
+    distributed: Any          # accelerate's DistributedType (a str enum: "FSDP", "MULTI_GPU", ...)
 
     @property
     def inner_optimizer(self):
@@ -133,10 +133,7 @@ def build(cfg: Config) -> Optional[Run]:
     # Without CUDA, say so up front: under torchrun that selects gloo (multi-process CPU).
     state = PartialState(cpu=not torch.cuda.is_available())
     log = Logger(state.is_main_process)
-    if cfg.auto_batch_size:   # discovered once the model is known; the target is checked now
-        autobatch.check_target(cfg, state.num_processes)
-    else:
-        manual_plan(cfg, state.num_processes)
+    written = written_plan(cfg, state.num_processes)
     run_dir, resume = run_directory(cfg)
     manager = CheckpointManager(run_dir, cfg.keep_checkpoints)
     checkpoint = open_run(cfg, run_dir, resume, manager, log)
@@ -146,7 +143,7 @@ def build(cfg: Config) -> Optional[Run]:
     log.msg(f"data: {splits.source} ({cfg.tokenizer} tokenizer, vocab {splits.vocab_size:,}): "
             f"{len(splits.train):,} train / {len(splits.val):,} val tokens")
     mcfg = _model_config(cfg, splits.vocab_size)
-    batch = decide_batch(cfg, mcfg, prec, acc, checkpoint, run_dir, log)
+    batch = decide_batch(cfg, written, mcfg, prec, acc, checkpoint, run_dir, log)
     plan = batch.plan
     acc.gradient_accumulation_steps = plan.accum
     feed = _feed(cfg, plan, len(splits.train), RandomWindows(splits.train, cfg.seq_len, cfg.seed),
@@ -329,7 +326,7 @@ def _restore(acc, manager: CheckpointManager, checkpoint, st: TrainState, prec: 
     """Load the checkpoint into the model, optimizer, FP8 state, RNG and `st`; drop the rows
     logged after it (those steps are re-run)."""
     if checkpoint is None:
-        if log.truncate_after(0):
+        if sum(log.truncate_after(0)):
             log.warn("metrics.jsonl held rows of an earlier run that left no checkpoint; "
                      "they were dropped")
         return
@@ -346,7 +343,7 @@ def _restore(acc, manager: CheckpointManager, checkpoint, st: TrainState, prec: 
         log.msg(f"this run restored a checkpoint {st.rollbacks} time(s) after non-finite "
                 f"steps; precision now: {prec.describe()}")
     warn_schedule_change(checkpoint, feed.lr_args, st.step, log.warn)
-    dropped = log.truncate_after(st.step)
+    dropped = log.truncate_after(st.step)[0]
     log.msg(f"resumed from {checkpoint} at step {st.step:,} ({st.tokens:,} tokens)"
             + (f"; dropped {dropped} metrics rows logged after it" if dropped else ""))
 

@@ -27,10 +27,6 @@ class Checkpointer:
     def latest(self):
         return self.manager.latest()
 
-    def restore(self, path: str, st) -> None:
-        """Load checkpoint `path` into the model, optimizer, FP8 state, RNG and `st`."""
-        self.manager.restore(self.acc, path, st)
-
     def save(self, st, final: bool, wall_seconds: float, in_streak) -> bool:
         """Save the run at st.step; False when it was skipped or failed (and may be).
         `in_streak()`: whether the latest steps were non-finite (a host sync: asked only for a

@@ -29,13 +29,11 @@ class Evaluator:
         return self.ev.target_val_loss is not None and self.ev.stop_at_target and \
             st.target == self.ev.target_val_loss and st.target_step is not None
 
-    def stops_run(self, reached: bool) -> bool:
-        return reached and self.ev.stop_at_target
-
     @torch.no_grad()
-    def run(self, model, st, train_seconds: float, wall_seconds: float) -> bool:
+    def run(self, model, st, train_seconds: float, wall) -> bool:
         """Evaluate and log; True when this evaluation reached target_val_loss for the first
-        time (`train_seconds`: the training time so far, for val/time_to_target_s)."""
+        time (`train_seconds`: the training time so far, for val/time_to_target_s; `wall()`:
+        the run's wall time, read once the evaluation is done)."""
         model.eval()
         total = token_loss_sums(model, self.eval_set, self.acc.device,
                                 lambda: self.prec.forward_context(training=False),
@@ -47,7 +45,7 @@ class Evaluator:
         # (evaluation and checkpoints excluded) and wall time, resumes included.
         row = {"step": st.step, "tokens": st.tokens, "val/loss": val_loss,
                "val/ppl": math.exp(min(val_loss, 50.0)), "time/train_s": train_seconds,
-               "time/wall_s": wall_seconds}
+               "time/wall_s": wall()}
         self.final = (st.step, val_loss)
         if st.best_val_loss is None or val_loss < st.best_val_loss:
             st.best_val_loss, st.best_val_step = val_loss, st.step

@@ -69,11 +69,6 @@ class Logger:
             print(f"WARNING: {text}", file=sys.stderr, flush=True)
             self._write_file(f"WARNING: {text}")
 
-    def error(self, text: str) -> None:
-        """A fatal error's line, for train.log (the console gets it from the entry point)."""
-        if self.is_main:
-            self._write_file(f"error: {self.clean(text)}")
-
     def file_only(self, text: str) -> None:
         if self.is_main:
             self._write_file(self.clean(text))
@@ -110,11 +105,10 @@ class Logger:
         if self.tracker is not None:
             self.tracker.preempting()
 
-    def truncate_after(self, step: int) -> int:
+    def truncate_after(self, step: int) -> "tuple[int, int]":
         """Drop the rows logged after `step` (a resume or a rollback re-runs those steps);
-        returns how many metrics rows were dropped."""
-        self.sample_rows.truncate_after(step)
-        return self.metrics.truncate_after(step)
+        returns how many metrics and samples rows were dropped."""
+        return self.metrics.truncate_after(step), self.sample_rows.truncate_after(step)
 
     def summary(self, run_dir: str, report: dict) -> None:
         """The end-of-run report: summary.json (replaced atomically) and W&B's run summary."""
@@ -155,11 +149,6 @@ class JsonLines:
         self.path, self.enabled = path, enabled
         self.warn = warn or (lambda msg: None)
         self.lost = 0   # rows that could not be written (disk full): said once, then counted
-
-    def preempting(self) -> None:
-        """The run stops on a signal, to be resumed (W&B sweeps: preempted, not failed)."""
-        if self.tracker is not None:
-            self.tracker.preempting()
 
     def truncate_after(self, step: int) -> int:
         """Drop rows logged after `step`: those steps are re-run and would otherwise appear

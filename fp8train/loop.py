@@ -44,7 +44,7 @@ class Trainer:
         self.batches = self.feed.stream(st.data_position)
         p.meter.start()   # training time only: eval and checkpoints excluded
         p.wall.start()
-        with p.stopper:
+        with p.stopper:   # signal handlers stay installed until the report is written
             try:
                 while st.step < total:
                     last = st.step + 1 == total
@@ -60,7 +60,7 @@ class Trainer:
                         break
             finally:
                 self.batches.close()
-        return self.finish(stop_reason, at_target)
+            return self.finish(stop_reason, at_target)
 
     def train_step(self, watched: bool):
         """One optimizer step over this rank's micro-batches; returns its LR and gradient norm
@@ -76,7 +76,7 @@ class Trainer:
         for _ in range(plan.accum):   # this rank's slice of the step, one micro-batch at a time
             t_wait = time.perf_counter()
             x, y = self.batches.next()
-            self.parts.meter.data_wait += time.perf_counter() - t_wait
+            self.parts.meter.waited(time.perf_counter() - t_wait)
             x = x.to(self.acc.device, non_blocking=True)
             y = y.to(self.acc.device, non_blocking=True)
             with self.acc.accumulate(net.model):  # no_sync except on the last micro-step
@@ -97,7 +97,7 @@ class Trainer:
         st.step += 1
         st.tokens += self.feed.tokens_per_step
         st.data_position += plan.effective
-        self.parts.meter.steps += 1
+        self.parts.meter.stepped()
         return lr, grad_norm
 
     def after_log_step(self, lr: float, grad_norm) -> bool:
@@ -110,6 +110,7 @@ class Trainer:
         st.skipped_steps += int(bad)
         extra = net.prec.stats()             # rank 0's scales, read in one go
         net.prec.watch(False)
+        row.update(p.meter.memory())
         if extra:
             row.update(zip(extra, torch.stack(list(extra.values())).tolist()))
         row["train/skipped_steps"] = int(bad)
@@ -125,11 +126,11 @@ class Trainer:
             self.log.warn(f"loss spike in steps {st.step - interval + 1:,}-{st.step:,}: {spike}")
         if not p.recovery.due(worst_streak):
             return False
-        p.meter.clock.pause()
+        p.meter.pause()
         self.batches.close()
         p.recovery.roll_back(st)
         self.batches = self.feed.stream(st.data_position)
-        p.meter.clock.resume()
+        p.meter.resume()
         return True
 
     def eval_and_save(self, last: bool, stop_reason) -> bool:
@@ -142,19 +143,19 @@ class Trainer:
         if not (do_eval or do_ckpt):
             return False
         at_target = False
-        p.meter.clock.pause()
+        p.meter.pause()
         # A target reached is saved, and with stop_at_target ends the run here.
-        if do_eval and p.evaluator.run(self.net.model, st, st.train_seconds +
-                                       p.meter.clock.banked, p.wall()):
+        if do_eval and p.evaluator.run(self.net.model, st, st.train_seconds + p.meter.banked(),
+                                       p.wall):
             do_ckpt = True
-            at_target = p.evaluator.stops_run(True) and not last and not stop_reason
+            at_target = p.evaluator.ev.stop_at_target and not last and not stop_reason
         if do_ckpt:
             final = bool(last or stop_reason or at_target)
             if final:   # the steps since the last log line count too
-                st.train_seconds += p.meter.clock.collect()
+                st.train_seconds += p.meter.collect()
             if p.checkpointer.save(st, final, p.wall(), p.recovery.in_streak):
                 p.recovery.saved(st.step)
-        p.meter.clock.resume()
+        p.meter.resume()
         return at_target
 
     def finish(self, stop_reason, at_target: bool) -> int:

@@ -114,7 +114,7 @@ class TrainClock:
 
 class Meter:
     """The training row of one log interval: loss, LR, gradient norm, tokens/s and MFU over the
-    interval's training time, the fraction of it spent waiting for data, memory. The first
+    interval's training time, the fraction of it spent waiting for data; memory. The first
     interval (compilation, warm-up) is left out of the steady-state totals the summary uses."""
 
     def __init__(self, log_interval: int, tokens_per_step: int, world: int,
@@ -132,8 +132,30 @@ class Meter:
         return step % self.log_interval == 0 or last
 
     def start(self) -> None:
-        self.clock = TrainClock(self.device)
+        """The loop starts: the first interval's clock starts now."""
+        self.clock.resume()
         self.steps, self.data_wait = 0, 0.0
+
+    def waited(self, seconds: float) -> None:
+        """Host seconds spent waiting for a micro-batch."""
+        self.data_wait += seconds
+
+    def stepped(self) -> None:
+        self.steps += 1
+
+    # Around evaluation, checkpoints and rollbacks: they are not training time.
+    def pause(self) -> None:
+        self.clock.pause()
+
+    def resume(self) -> None:
+        self.clock.resume()
+
+    def banked(self) -> float:
+        """Training seconds of the current interval so far (while paused)."""
+        return self.clock.banked
+
+    def collect(self) -> float:
+        return self.clock.collect()
 
     def row(self, st, loss: float, penalty: float, lr: float, grad_norm: float) -> dict:
         """The interval's row (after its host sync); adds its time to the train state."""
@@ -150,13 +172,17 @@ class Meter:
                             self.flops_per_token, self.peak),
                "train/data_wait_fraction":
                    min(1.0, self.data_wait / elapsed) if elapsed > 0 else 0.0}
-        if self.device.type == "cuda":
-            import torch
-            row["system/gpu_memory_allocated_gb"] = torch.cuda.memory_allocated() / 1e9
-            row["system/gpu_memory_peak_gb"] = torch.cuda.max_memory_allocated() / 1e9
-            row["system/gpu_memory_reserved_gb"] = torch.cuda.memory_reserved() / 1e9
         self.last_steps, self.steps, self.data_wait = self.steps, 0, 0.0
         return row
+
+    def memory(self) -> dict:
+        """GPU memory now, for the interval's row (nothing on CPU)."""
+        if self.device.type != "cuda":
+            return {}
+        import torch
+        return {"system/gpu_memory_allocated_gb": torch.cuda.memory_allocated() / 1e9,
+                "system/gpu_memory_peak_gb": torch.cuda.max_memory_allocated() / 1e9,
+                "system/gpu_memory_reserved_gb": torch.cuda.memory_reserved() / 1e9}
 
 
 def device_name(device) -> str:

@@ -54,13 +54,22 @@ def new_model(mcfg, activation_checkpointing: bool) -> GPT:
     return model
 
 
-def decide_batch(cfg: Config, mcfg, prec: Precision, accelerator, checkpoint, run_dir: str,
-                 log) -> BatchDecision:
+def written_plan(cfg: Config, world: int) -> "BatchPlan | None":
+    """The batch plan as written (None with auto_batch_size: discovered once the model is
+    known). Checked before anything is built, as is the target a discovered plan must meet."""
+    if cfg.auto_batch_size:
+        autobatch.check_target(cfg, world)
+        return None
+    return manual_plan(cfg, world)
+
+
+def decide_batch(cfg: Config, written: "BatchPlan | None", mcfg, prec: Precision, accelerator,
+                 checkpoint, run_dir: str, log) -> BatchDecision:
     """The batch plan as written, or (auto_batch_size) the checkpoint's micro-batch on resume,
     or the largest micro-batch that fits, probed (or read from the cache) and agreed."""
     world = accelerator.num_processes
-    if not cfg.auto_batch_size:
-        return BatchDecision(manual_plan(cfg, world), "", cfg.activation_checkpointing)
+    if written is not None:
+        return BatchDecision(written, "", cfg.activation_checkpointing)
     micro = saved_micro_batch(checkpoint, world) if checkpoint else None
     if micro is not None:
         plan = autobatch.plan_from_fit(cfg, world, micro)

@@ -44,7 +44,7 @@ class Recovery:
         keep = dict(skipped_steps=st.skipped_steps, rollbacks=st.rollbacks + 1,
                     data_position=st.data_position)
         detected = st.step
-        self.ckpt.restore(found, st)     # model, optimizer, FP8 state, RNG, counters
+        self.ckpt.manager.restore(self.acc, found, st)   # model, optimizer, FP8, RNG, counters
         skipped_data = keep["data_position"] - st.data_position
         for k, v in keep.items():        # counted over the whole run, not reset by the restore
             setattr(st, k, v)

@@ -112,9 +112,11 @@ def _wrap(owner, name, setattr_=setattr, before=None, after=None):
 
 
 def install_step_faults(faults: "Faults") -> None:
-    """nan@: the loop's lm_loss, for the step the loop is running; kill@step: Health.step,
-    which runs after backward, before the update."""
-    from fp8train import health, loop
+    """nan@: the loop's lm_loss, for the step the loop is running; kill@step: the gradient
+    clipping, after backward, before the update (and before the clip's collectives)."""
+    from accelerate import Accelerator
+
+    from fp8train import loop
     current = {"step": 0, "nan": False}
     lm_loss = loop.lm_loss
 
@@ -130,7 +132,7 @@ def install_step_faults(faults: "Faults") -> None:
 
     loop.lm_loss = nan_loss
     _wrap(loop.Trainer, "train_step", before=step_starts)
-    _wrap(health.Health, "step", before=lambda *_: faults.in_step(current["step"]))
+    _wrap(Accelerator, "clip_grad_norm_", before=lambda *_, **__: faults.in_step(current["step"]))
 
 
 def install_save_faults(faults, setattr_=setattr) -> None:

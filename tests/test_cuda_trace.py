@@ -85,7 +85,7 @@ def train_step(model, prec, micro_batches=1, accelerator=None):
 def assert_step_on_cuda(model, step):
     """What holds for every backend: outputs, gradients and optimizer state on the GPU with the
     parameters' shapes, dtypes and strides, and the optimizer step fed the health verdict."""
-    padded = model.cfg.padded_vocab_size
+    padded = model.mcfg.padded_vocab_size
     assert step.logits.shape == (BATCH, SEQ, padded)
     assert step.logits.dtype == torch.bfloat16 and step.logits.device == CUDA
     assert step.logits.is_contiguous()

@@ -25,7 +25,7 @@ def test_llama_350m_shape():
     d, ffn, L = 1024, 2816, 24
     per_layer = 4 * d * d + 3 * d * ffn + 2 * d  # attention, SwiGLU, two RMSNorm gains
     assert m.num_params() == L * per_layer + 32000 * d + d
-    assert (m.cfg.n_layer, m.cfg.n_head, m.cfg.head_dim) == (24, 16, 64)
+    assert (m.mcfg.n_layer, m.mcfg.n_head, m.mcfg.head_dim) == (24, 16, 64)
     assert all(p.dim() > 1 or "norm" in n for n, p in m.named_parameters())  # no biases
 
 
@@ -37,14 +37,14 @@ def test_vocab_is_padded_to_a_multiple_of_128():
 
 def test_overrides_and_derived_mlp_width():
     m = count("llama-350m", 256, 64, n_layer=2, n_embd=256, n_head=4)
-    assert (m.cfg.n_layer, m.cfg.n_embd, m.cfg.ffn_hidden_size) == (2, 256, 768)
+    assert (m.mcfg.n_layer, m.mcfg.n_embd, m.mcfg.ffn_hidden_size) == (2, 256, 768)
     with pytest.raises(ValueError, match="not divisible"):
         model_config_from("gpt2-124m", 256, 64, n_head=5)
 
 
 def test_flops_per_token_follows_6n_plus_attention():
     m = count("gpt2-124m", 50257, 1024, pad_vocab_multiple=1)
-    c = m.cfg
+    c = m.mcfg
     matmul = 12 * (c.n_embd * 3 * c.n_embd + c.n_embd ** 2 + 2 * c.n_embd * 4 * c.n_embd) \
         + 50257 * c.n_embd
     assert m.flops_per_token() == 6 * matmul + 12 * 12 * 768 * 1024

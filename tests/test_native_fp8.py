@@ -126,7 +126,7 @@ def test_native_with_no_converted_layer_trains_as_the_base_precision():
     """fp8_exclude matching every Linear (the tiny GPT's head is tied, so blocks.* is all):
     the model trains in fp32 exactly as without FP8, and logs no fp8/ metric."""
     model, prec = native_gpt(fp8_exclude=["blocks.*", "lm_head"])
-    ref = GPT(model.cfg)
+    ref = GPT(model.mcfg)
     ref.load_state_dict(model.state_dict(), strict=False)
     assert prec.selection.chosen == [] and not any(isinstance(m, Fp8Linear)
                                                    for m in model.modules())

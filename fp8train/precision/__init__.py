@@ -47,8 +47,7 @@ def build_precision(cfg: Config, device: torch.device, warn: Callable[[str], Non
     base = base_precision(cfg, device)
     if not cfg.use_fp8:
         return base
-    backend = _fp8_backends()[cfg.fp8_backend](cfg, base)
-    backend.run_dir = run_dir or cfg.output_dir
+    backend = _fp8_backends()[cfg.fp8_backend](cfg, base, run_dir)
     reason = backend.unavailable(device)
     if reason is None:
         return backend

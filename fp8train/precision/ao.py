@@ -28,8 +28,8 @@ def import_float8():
 class TorchAO(Fp8Backend):
     label = "torchao"
 
-    def __init__(self, cfg, base: Precision):
-        super().__init__(cfg, base)
+    def __init__(self, cfg, base: Precision, run_dir: Optional[str] = None):
+        super().__init__(cfg, base, run_dir)
         self.name = f"fp8-torchao-{cfg.fp8_recipe} ({base.name} elsewhere)"
         self.modules: dict = {}
 

@@ -158,7 +158,9 @@ class Fp8Backend(Precision):
     fp8 = True
     label = "fp8"
 
-    def __init__(self, cfg, base: Precision):
+    def __init__(self, cfg, base: Precision, run_dir: Optional[str] = None):
+        """`run_dir`: where fp8_layers auto caches its timings (the run's directory: a sweep
+        trial's own; default output_dir)."""
         self.cfg, self.base = cfg, base
         self.mixed_precision = base.mixed_precision
         self.name = f"fp8-{self.label} ({base.name} elsewhere)"
@@ -171,7 +173,7 @@ class Fp8Backend(Precision):
         self.info: Callable[[str], None] = lambda msg: None
         self.timer = None         # fp8_layers auto: shape -> (base s, fp8 s); None: CUDA events
         self.layer_policy = cfg.fp8_layers   # what the layer policy did, for config.yaml
-        self.run_dir = cfg.output_dir        # where fp8_layers auto caches its timings
+        self.run_dir = run_dir or cfg.output_dir
         # On resume, the layers the checkpoint's run converted ("all" for runs from before the
         # policy existed): its weights only load into the same set, whatever timing says now.
         self.resumed_layers: "list | str | None" = None

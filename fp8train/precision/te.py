@@ -52,8 +52,8 @@ def build_recipe(cfg, recipe_module=None, margin: int | None = None, reduce_amax
 class TransformerEngine(Fp8Backend):
     label = "te"
 
-    def __init__(self, cfg, base: Precision):
-        super().__init__(cfg, base)
+    def __init__(self, cfg, base: Precision, run_dir: Optional[str] = None):
+        super().__init__(cfg, base, run_dir)
         self.te = None            # transformer_engine.pytorch, once unavailable() imported it
         self.recipes = None       # transformer_engine.common.recipe
         self.recipe = None

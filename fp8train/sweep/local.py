@@ -123,31 +123,7 @@ def run_local(path: str, *, max_trials: Optional[int] = None, output_dir: Option
     builds it, with FP8TRAIN_LAUNCHER set to `launcher`; returns the exit code (1 if a trial
     failed)."""
     cfg = validate_sweep(path)
-    method = cfg["method"]
-    if method == "bayes":
-        raise SweepError(f"{path}: method: bayes needs the W&B server: use create + agent")
-    params = cfg["parameters"]
-    for name, spec in params.items():
-        dist = spec_distribution(name, spec, path)
-        if dist not in LOCAL_DISTRIBUTIONS:
-            raise SweepError(f"{path}: parameters.{name}: distribution {dist} is not supported "
-                             "by local; use create + agent")
-    cap = cfg.get("run_cap")
-    if method == "grid":
-        trials = grid_trials(cfg)
-        total = len(trials)
-        n = min(x for x in (total, max_trials, cap) if x is not None)
-        trials = trials[:n]
-    else:
-        if max_trials is None and cap is None:
-            raise SweepError(f"{path}: method random needs --max-trials N (or run_cap in the "
-                             "sweep file)")
-        n = min(x for x in (max_trials, cap) if x is not None)
-        total = n
-        trials = random_trials(cfg, n, seed)
-    if "early_terminate" in cfg:
-        out("note: early_terminate needs the W&B server; local runs every trial to the end")
-
+    trials, total = _choose_trials(cfg, path, max_trials, seed, out)
     stem = os.path.splitext(os.path.basename(path))[0]
     sweep_dir = os.path.abspath(output_dir) if output_dir else str(ROOT / "runs" / "sweeps" / stem)
     if os.path.isdir(sweep_dir) and any(
@@ -156,29 +132,14 @@ def run_local(path: str, *, max_trials: Optional[int] = None, output_dir: Option
                          "pass --output_dir DIR")
     if list(launcher) != list(DEFAULT_LAUNCHER):
         require_launcher(cfg, path, "--accelerate_config / --num_processes")
-    program = cfg["program"]
-    command = sweep_command(cfg)
     env = dict(trial_env(local=True), **launcher_env(launcher))
-    width = max(3, len(str(len(trials))))
-    planned = []
-    for i, params_i in enumerate(trials, 1):
-        name = f"trial_{i:0{width}d}"
-        run_dir = os.path.join(sweep_dir, name)
-        argv = build_command(command, program, params_i, environ=env)
-        argv += list(overrides) + [f"--output_dir={run_dir}"]
-        try:  # every trial's command line is checked before the first one starts
-            load_config(config_argv(argv, program))
-        except ConfigError as e:
-            shown = ", ".join(f"{k}={format_value(v)}" for k, v in params_i.items())
-            raise SweepError(f"{path}: trial {i} ({shown}) with the overrides "
-                             f"{' '.join(overrides) or '(none)'}: {strip_source(str(e))}")
-        planned.append((name, run_dir, params_i, argv))
-
+    planned = _plan_trials(cfg, path, trials, sweep_dir, overrides, env)
     os.makedirs(sweep_dir, exist_ok=True)
-    metric = metric_of(cfg)
+    params = cfg["parameters"]
     varying = [k for k in params if len({json.dumps(t[2][k], default=str)
                                          for t in planned}) > 1] or list(params)
-    out(f"sweep {repo_relative(path)}: {method}, {len(planned)} of {total} trials -> "
+    metric = metric_of(cfg)
+    out(f"sweep {repo_relative(path)}: {cfg['method']}, {len(planned)} of {total} trials -> "
         f"{_show_path(sweep_dir)}  (metric {metric['name']}, {metric['goal']})")
     results = []
     for i, (name, run_dir, params_i, argv) in enumerate(planned, 1):
@@ -189,13 +150,18 @@ def run_local(path: str, *, max_trials: Optional[int] = None, output_dir: Option
         rc = runner(argv, env=env, cwd=str(ROOT))
         m = read_run_metrics(run_dir, metric["name"])
         results.append(dict(trial=name, params=params_i, exit_code=rc, run_dir=name, **m))
-        write_results(sweep_dir, path, cfg, results)
+        write_results(sweep_dir, path, cfg, results)   # kept as they come: a crash keeps them
         outcome = "ok" if rc == 0 else f"FAILED (exit code {rc})"
         shown_metric = "" if metric["name"] == "val/loss" else \
             f"{metric['name']} {_num(m['metric'])}, "
         out(f"[trial {i}/{len(planned)}] {outcome} in {time.time() - t0:.1f} s: {shown_metric}"
             f"val/loss {_num(m['val_loss']) or 'n/a'}, "
             f"{_num(m['tokens_per_sec'], '{:,.0f}') or 'n/a'} tokens/s")
+    return _report(sweep_dir, path, cfg, results, varying, metric, out)
+
+
+def _report(sweep_dir: str, path: str, cfg: dict, results: list, varying: list, metric: dict,
+            out) -> int:
     csv_path, md_path = write_results(sweep_dir, path, cfg, results)
     b = best_index(results, metric["goal"])
     failed = sum(r["exit_code"] != 0 for r in results)
@@ -208,5 +174,53 @@ def run_local(path: str, *, max_trials: Optional[int] = None, output_dir: Option
         out(f"{failed} of {len(results)} trials failed")
         return EXIT_FAILED
     return EXIT_OK
+
+
+def _choose_trials(cfg: dict, path: str, max_trials: Optional[int], seed: int, out):
+    """The trials local runs (parameter values each) and how many the sweep has in all."""
+    method = cfg["method"]
+    if method == "bayes":
+        raise SweepError(f"{path}: method: bayes needs the W&B server: use create + agent")
+    for name, spec in cfg["parameters"].items():
+        dist = spec_distribution(name, spec, path)
+        if dist not in LOCAL_DISTRIBUTIONS:
+            raise SweepError(f"{path}: parameters.{name}: distribution {dist} is not supported "
+                             "by local; use create + agent")
+    cap = cfg.get("run_cap")
+    if method == "grid":
+        trials = grid_trials(cfg)
+        total = len(trials)
+        trials = trials[:min(x for x in (total, max_trials, cap) if x is not None)]
+    else:
+        if max_trials is None and cap is None:
+            raise SweepError(f"{path}: method random needs --max-trials N (or run_cap in the "
+                             "sweep file)")
+        total = min(x for x in (max_trials, cap) if x is not None)
+        trials = random_trials(cfg, total, seed)
+    if "early_terminate" in cfg:
+        out("note: early_terminate needs the W&B server; local runs every trial to the end")
+    return trials, total
+
+
+def _plan_trials(cfg: dict, path: str, trials: list, sweep_dir: str, overrides: Sequence[str],
+                 env: dict) -> list:
+    """(name, run_dir, params, argv) per trial; every command line is checked before the
+    first trial starts."""
+    program, command = cfg["program"], sweep_command(cfg)
+    width = max(3, len(str(len(trials))))
+    planned = []
+    for i, params_i in enumerate(trials, 1):
+        name = f"trial_{i:0{width}d}"
+        run_dir = os.path.join(sweep_dir, name)
+        argv = build_command(command, program, params_i, environ=env)
+        argv += list(overrides) + [f"--output_dir={run_dir}"]
+        try:
+            load_config(config_argv(argv, program))
+        except ConfigError as e:
+            shown = ", ".join(f"{k}={format_value(v)}" for k, v in params_i.items())
+            raise SweepError(f"{path}: trial {i} ({shown}) with the overrides "
+                             f"{' '.join(overrides) or '(none)'}: {strip_source(str(e))}")
+        planned.append((name, run_dir, params_i, argv))
+    return planned
 
 
