@@ -15,6 +15,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from .config import ConfigError
+from .errors import one_line
 
 TINYSHAKESPEARE_URL = (
     "https://raw.githubusercontent.com/karpathy/char-rnn/master/data/tinyshakespeare/input.txt")
@@ -46,9 +47,8 @@ class HFTokenizer:
         try:
             self.tok = transformers.AutoTokenizer.from_pretrained(name)
         except Exception as e:  # hub offline, missing dir, not a tokenizer
-            first = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
             raise ConfigError(f"key 'tokenizer': cannot load tokenizer '{name}' "
-                              f"({first[:200]})") from None
+                              f"({one_line(e, 200, first_line=True)})") from None
         self.name = name
         self.vocab_size = len(self.tok)
 
