@@ -16,13 +16,13 @@ import torch
 
 from .batching import BatchPlan
 from .checkpoint import CheckpointManager, TrainState, config_hash, saved_derived
-from .checkpointer import Checkpointer, WallClock
+from .checkpointer import Checkpointer
 from .config import Config, ConfigError, dump_yaml, section, to_dict
 from .data import BatchStream, RandomWindows, load_splits, val_batches
 from .evaluator import Evaluator
 from .health import Health
 from .logger import Logger
-from .metrics import Meter, device_name, peak_note
+from .metrics import Meter, WallClock, device_name, peak_note
 from .model import compiled, model_config_from
 from .optimizer import build_optimizer
 from .planning import (BatchDecision, RunLength, decide_batch, new_model, run_length,

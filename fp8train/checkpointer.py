@@ -8,8 +8,6 @@ and goes on, unless it was its last chance or checkpoint_required is set.
 """
 from __future__ import annotations
 
-import time
-
 from .checkpoint import CheckpointManager, CheckpointWriteError
 from .errors import RunFailed
 
@@ -55,15 +53,3 @@ class Checkpointer:
         self.log.file_only(f"checkpoint: {path}")
         return True
 
-
-class WallClock:
-    """Wall time of the run, resumes included: the checkpoint's total + this invocation's."""
-
-    def __init__(self, base: float):
-        self.base, self.started = base, time.time()
-
-    def start(self) -> None:
-        self.started = time.time()
-
-    def __call__(self) -> float:
-        return self.base + time.time() - self.started

@@ -112,6 +112,19 @@ class TrainClock:
         return elapsed
 
 
+class WallClock:
+    """Wall time of the run, resumes included: the checkpoint's total + this invocation's."""
+
+    def __init__(self, base: float):
+        self.base, self.started = base, time.time()
+
+    def start(self) -> None:
+        self.started = time.time()
+
+    def __call__(self) -> float:
+        return self.base + time.time() - self.started
+
+
 class Meter:
     """The training row of one log interval: loss, LR, gradient norm, tokens/s and MFU over the
     interval's training time, the fraction of it spent waiting for data; memory. The first
