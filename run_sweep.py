@@ -9,7 +9,8 @@
 """
 import sys
 
+from fp8train.console import run_main
 from fp8train.sweep import main
 
 if __name__ == "__main__":
-    sys.exit(main())
+    sys.exit(run_main(main))

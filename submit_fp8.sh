@@ -117,6 +117,32 @@ if [ -n "${SWEEP_ID:-}" ] && [ "$NNODES" -gt 1 ]; then
   exit 2
 fi
 
+# The environment, checked once here: a package missing would otherwise end every training
+# process (on every node) in a traceback.
+if ! command -v "$PYTHON" >/dev/null 2>&1; then
+  log "error: PYTHON=$PYTHON not found: set PYTHON to the interpreter of the environment" \
+      "where fp8train is installed (pip install -e .)"
+  exit 2
+fi
+need=(torch accelerate yaml numpy safetensors fp8train)
+[ -n "${SWEEP_ID:-}" ] && need+=(wandb)
+# shellcheck disable=SC2016
+if ! missing=$("$PYTHON" -c '
+import importlib, sys
+missing = []
+for name in sys.argv[1:]:
+    try:
+        importlib.import_module(name)
+    except Exception as e:  # not installed, or installed but broken
+        missing.append(name if isinstance(e, ImportError) else f"{name} ({type(e).__name__})")
+print(", ".join(missing))
+sys.exit(1 if missing else 0)' "${need[@]}" 2>/dev/null); then
+  log "error: $PYTHON cannot import ${missing:-its packages}: run \`pip install -e .\` from" \
+      "$ROOT in the environment training should use, or set PYTHON to that environment's" \
+      "python (e.g. PYTHON=\$HOME/venvs/fp8train/bin/python)"
+  exit 2
+fi
+
 # Every process this script starts carries this tag in its environment: the stop signal goes to
 # the training processes that have it, on every node, and to nothing else.
 FP8TRAIN_LAUNCH_TAG="${SLURM_JOB_ID:-local}.${RESTARTS}.$$.$(date +%s)"

@@ -28,7 +28,7 @@ import torch
 
 from .agreement import RankFailed, gather
 from .config import Config, ConfigError
-from .errors import one_line
+from .errors import is_out_of_memory, one_line
 from .keyed_cache import read_entry, write_entry
 from .model import compiled
 
@@ -82,30 +82,6 @@ class Probe:
         ok = peak is not None and peak <= self.budget_bytes
         self.trials.append((micro, ok, peak))
         return ok
-
-
-# How an allocation failure reads when it does not come as torch.OutOfMemoryError: libraries
-# with their own C++ (Transformer Engine registers no exception translator, so its errors are
-# plain RuntimeErrors) report CUDA's and cuBLAS/cuDNN's messages. "out of memory" is
-# cudaGetErrorString(cudaErrorMemoryAllocation); "the resource allocation failed" is
-# cublasGetStatusString(CUBLAS_STATUS_ALLOC_FAILED), which torch reports by its enum name.
-OOM_MESSAGES = ("out of memory", "cudaerrormemoryallocation", "cublas_status_alloc_failed",
-                "the resource allocation failed", "cudnn_status_alloc_failed",
-                "device_allocation_failed")   # cuDNN 9: ..._INTERNAL_ERROR_DEVICE_ALLOCATION_FAILED
-
-
-def is_out_of_memory(error: BaseException) -> bool:
-    """True when `error` says the device ran out of memory, whatever raised it, including an
-    error raised while handling (or from) one that does."""
-    seen = set()
-    while error is not None and id(error) not in seen:
-        seen.add(id(error))
-        if isinstance(error, torch.OutOfMemoryError) or (
-                isinstance(error, RuntimeError)
-                and any(m in str(error).lower() for m in OOM_MESSAGES)):
-            return True
-        error = error.__cause__ or error.__context__
-    return False
 
 
 def release_memory(device: Optional[torch.device] = None) -> None:
@@ -321,7 +297,8 @@ def check_target(cfg: Config, world: int) -> int:
     if target % world:
         near = nearest_valid_targets(target, world)
         raise ConfigError(
-            f"{cfg.source}: key 'target_effective_batch_size' ({target}) is not divisible by the "
+            f"{cfg.where('target_effective_batch_size')}: key 'target_effective_batch_size' "
+            f"({target}) is not divisible by the "
             f"world size ({world}); nearest valid: {' or '.join(map(str, near))}")
     return target // world
 

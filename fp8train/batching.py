@@ -32,7 +32,7 @@ def manual_plan(cfg: Config, world: int) -> BatchPlan:
     written; anything inconsistent is an error, never a silent adjustment."""
     micro, accum, target = cfg.batch_size, cfg.gradient_accumulation_steps, \
         cfg.target_effective_batch_size
-    src = cfg.source
+    src = cfg.where("target_effective_batch_size", "batch_size", "gradient_accumulation_steps")
     if target is None:
         return BatchPlan(micro, accum or 1, world)
     per_step = micro * world
@@ -49,3 +49,13 @@ def manual_plan(cfg: Config, world: int) -> BatchPlan:
             f"{src}: batch_size × gradient_accumulation_steps × world size = {micro} × {accum} "
             f"× {world} = {micro * accum * world}, but target_effective_batch_size is {target}")
     return BatchPlan(micro, accum, world)
+
+
+def memory_hint(cfg: Config) -> str:
+    """The keys that set memory use, with their values: the tail of an out-of-memory line."""
+    batch = (f"with auto_batch_size, lower max_batch_size (now {cfg.max_batch_size}) or raise "
+             f"memory_headroom (now {cfg.memory_headroom:g})") if cfg.auto_batch_size else \
+        f"lower batch_size (now {cfg.batch_size}; raise gradient_accumulation_steps to keep the " \
+        "effective batch)"
+    return (f"{batch}, lower seq_len (now {cfg.seq_len}), use a smaller model or "
+            "activation_checkpointing: true")

@@ -18,8 +18,8 @@ from .batching import BatchPlan
 from .checkpoint import CheckpointManager, TrainState, config_hash, saved_derived
 from .checkpointer import Checkpointer
 from .config import Config, ConfigError, dump_yaml, section, to_dict
-from .data import BatchStream, RandomWindows, load_splits, val_batches
-from .evaluator import Evaluator
+from .data import BatchStream, RandomWindows, check_batch_fits, load_splits, val_batches
+from .evaluator import Evaluator, missed as missed_eval
 from .health import Health
 from .logger import Logger
 from .metrics import Meter, WallClock, device_name, peak_note
@@ -32,7 +32,7 @@ from .recovery import Recovery
 from .resume import check_config_change, choose_checkpoint, warn_schedule_change
 from .samples import TextSampler
 from .schedule import scaled_lr
-from .signals import Stopper
+from .signals import StopRequests, Stopper
 from .tracking import Tracker, environment, sweep_run_id
 from . import agreement
 
@@ -116,23 +116,15 @@ class Run:
     parts: Parts
     facts: dict               # what the end-of-run report needs from the start
     run_dir: str
-
-    def __enter__(self) -> "Run":
-        return self
-
-    def __exit__(self, kind, exc, tb) -> None:
-        self.log.finish(failed=kind is not None)
+    eval_pending: bool = False   # the checkpoint's evaluation was abandoned: it comes first
 
 
-def build(cfg: Config) -> Optional[Run]:
+def build(cfg: Config, state, log: Logger, requests: StopRequests) -> Optional[Run]:
     """The assembled run; None when there is nothing to train (--plan_only, or the checkpoint
-    already reaches the end)."""
-    from accelerate import PartialState
+    already reaches the end). `state`: accelerate's PartialState; `log`: the run's logger (the
+    caller writes what ends the run into its train.log); `requests`: the stop signals."""
     from accelerate.utils import set_seed
 
-    # Without CUDA, say so up front: under torchrun that selects gloo (multi-process CPU).
-    state = PartialState(cpu=not torch.cuda.is_available())
-    log = Logger(state.is_main_process)
     written = written_plan(cfg, state.num_processes)
     run_dir, resume = run_directory(cfg)
     manager = CheckpointManager(run_dir, cfg.keep_checkpoints)
@@ -142,6 +134,8 @@ def build(cfg: Config) -> Optional[Run]:
     splits = load_splits(section(cfg, "data"), log.msg, agreement.on_rank0)
     log.msg(f"data: {splits.source} ({cfg.tokenizer} tokenizer, vocab {splits.vocab_size:,}): "
             f"{len(splits.train):,} train / {len(splits.val):,} val tokens")
+    check_batch_fits(cfg, written.effective if written else cfg.target_effective_batch_size,
+                     len(splits.train))
     mcfg = _model_config(cfg, splits.vocab_size)
     batch = decide_batch(cfg, written, mcfg, prec, acc, checkpoint, run_dir, log)
     plan = batch.plan
@@ -171,10 +165,14 @@ def build(cfg: Config) -> Optional[Run]:
     resolved = dataclasses.replace(cfg, output_dir=run_dir, resume=resume,
                                    activation_checkpointing=batch.activation_checkpointing)
     config_text = write_config(resolved, derived, run_dir, acc.is_main_process)
-    if train_state.step >= feed.sched.total_steps:
+    eval_pending = checkpoint is not None and agreement.on_rank0(lambda: missed_eval(
+        run_dir, train_state.step, cfg.eval_interval, feed.sched.total_steps))
+    if eval_pending:
+        log.msg(f"the evaluation of step {train_state.step:,} was abandoned at a stop: it runs "
+                "first")
+    elif train_state.step >= feed.sched.total_steps:
         log.msg(f"nothing to do: step {train_state.step:,} already reaches the end "
                 f"({feed.sched.total_steps:,} steps)")
-        log.close()
         return None
     tracker = Tracker(acc, log)
     tracker.start(section(cfg, "wandb"), run_dir, {**to_dict(resolved), "derived": derived},
@@ -184,8 +182,8 @@ def build(cfg: Config) -> Optional[Run]:
                                 run_hash)
     recovery = Recovery(section(cfg, "reliability"), checkpointer, acc, prec, net.health, log)
     parts = Parts(_evaluator(cfg, acc, prec, splits.val, plan.micro, mcfg, log), checkpointer,
-                  recovery, Stopper(cfg.max_hours, cfg.log_interval, acc.num_processes,
-                                    acc.device),
+                  recovery, Stopper(requests, cfg.max_hours, cfg.log_interval,
+                                    acc.num_processes, acc.device),
                   Meter(cfg.log_interval, feed.tokens_per_step, plan.world, flops_per_token,
                         acc.device),
                   WallClock(train_state.wall_seconds))
@@ -193,7 +191,7 @@ def build(cfg: Config) -> Optional[Run]:
                        mfu_label=" of bf16 peak" if prec.fp8 else "")
     facts = dict(derived, model=cfg.model, target_val_loss=cfg.target_val_loss,
                  peak_flops=parts.meter.peak)
-    return Run(acc, net, feed, train_state, log, parts, facts, run_dir)
+    return Run(acc, net, feed, train_state, log, parts, facts, run_dir, eval_pending)
 
 
 def write_config(resolved: Config, derived: dict, run_dir: str, is_main: bool) -> str:
@@ -224,7 +222,8 @@ def open_run(cfg: Config, run_dir: str, resume: str, manager: CheckpointManager,
              log: Logger) -> Optional[str]:
     """The checkpoint to resume from (None: a fresh start), and the run directory made and
     checked, with train.log open."""
-    found, notes = (None, []) if cfg.plan_only else choose_checkpoint(resume, manager, log)
+    found, notes = (None, []) if cfg.plan_only else choose_checkpoint(resume, manager, log,
+                                                                      asked=cfg.resume)
     ensure_writable_dir(run_dir, cfg.source)
     if not cfg.plan_only:
         log.open(run_dir)
@@ -271,7 +270,8 @@ def _model_config(cfg: Config, vocab_size: int):
             n_kv_head=cfg.n_kv_head, n_embd=cfg.n_embd, ffn_hidden_size=cfg.ffn_hidden_size,
             dropout=cfg.dropout, pad_vocab_multiple=cfg.pad_vocab_multiple)
     except ValueError as e:
-        raise ConfigError(f"{cfg.source}: model '{cfg.model}': {e}") from None
+        where = cfg.where("model", "n_layer", "n_head", "n_kv_head", "n_embd", "ffn_hidden_size")
+        raise ConfigError(f"{where}: model '{cfg.model}': {e}") from None
 
 
 def _feed(cfg: Config, plan: BatchPlan, train_tokens: int, windows, acc, log: Logger,
@@ -283,10 +283,12 @@ def _feed(cfg: Config, plan: BatchPlan, train_tokens: int, windows, acc, log: Lo
     log.msg(plan.describe(cfg.seq_len) + (f"; {note}" if note else ""))
     if lr_note:
         log.msg(lr_note)
+    if sched.warmup_note:
+        log.warn(sched.warmup_note)
     log.msg(f"schedule: {sched.total_steps:,} steps ({sched.steps_per_epoch:,} per epoch), "
-            f"warmup {cfg.warmup_steps}, cosine to {cfg.min_lr_ratio:g} × "
+            f"warmup {sched.warmup_steps}, cosine to {cfg.min_lr_ratio:g} × "
             f"{max_lr:g} at step {sched.lr_steps:,}")
-    lr_args = dict(max_lr=max_lr, warmup_steps=cfg.warmup_steps, total_steps=sched.lr_steps,
+    lr_args = dict(max_lr=max_lr, warmup_steps=sched.warmup_steps, total_steps=sched.lr_steps,
                    min_lr_ratio=cfg.min_lr_ratio)
     return Feed(windows, plan, sched, lr_args, cfg.seq_len, acc.process_index, acc.device,
                 cfg.data_prefetch)
@@ -358,7 +360,8 @@ def _derived(prec: Precision, acc, feed: Feed, mcfg, n_params: int, flops_per_to
     return dict(micro_batch_size=plan.micro, gradient_accumulation_steps=plan.accum,
                 world_size=plan.world, effective_batch_size=plan.effective,
                 tokens_per_step=feed.tokens_per_step, total_steps=sched.total_steps,
-                lr_schedule_steps=sched.lr_steps, steps_per_epoch=sched.steps_per_epoch,
+                lr_schedule_steps=sched.lr_steps, warmup_steps=sched.warmup_steps,
+                steps_per_epoch=sched.steps_per_epoch,
                 peak_learning_rate=feed.lr_args["max_lr"],
                 **prec.derived(), device=device_name(device),
                 n_params=n_params, vocab_size=mcfg.vocab_size,
@@ -369,7 +372,7 @@ def _derived(prec: Precision, acc, feed: Feed, mcfg, n_params: int, flops_per_to
 def _evaluator(cfg: Config, acc, prec: Precision, val_tokens, micro: int, mcfg,
                log: Logger) -> Evaluator:
     ev = section(cfg, "eval")
-    eval_set = val_batches(val_tokens, cfg.seq_len, ev.eval_sequences, micro)
+    eval_set = val_batches(val_tokens, cfg.seq_len, ev.eval_sequences, micro, log.warn)
     samples = TextSampler(ev, cfg.tokenizer, cfg.seed, mcfg, prec, acc, log.warn) \
         if ev.eval_samples and cfg.dataset != "synthetic" else None  # no text to show
     return Evaluator(ev, eval_set, acc, prec, log, samples)

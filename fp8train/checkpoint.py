@@ -11,8 +11,11 @@ Writing is atomic, in four phases: the files go into .tmp-step_NNNNNNN/ (`_write
 fsynced and the manifest is written (`_write_manifest`), the directory is renamed into place
 (`_move_into_place`), `latest` is replaced (`_point_latest`). A crash at any point leaves the
 complete new checkpoint or none. Loading verifies the manifest; a corrupt or partial checkpoint
-is reported, moved aside and the previous one used. Verification also checks what loading would
-unpickle (`safe_load.unsafe_content`): a checkpoint from elsewhere cannot run code.
+(any damage, a missing manifest included) is reported, moved aside and the previous one used,
+while an intact one this version cannot continue (another checkpoint format) is refused.
+Verification also checks what loading would unpickle (`safe_load.unsafe_content`): a checkpoint
+from elsewhere cannot run code. `path_problem` says, from directory listings alone, why a path
+given to resume or export holds no checkpoint. Every file written gets the umask's mode.
 """
 from __future__ import annotations
 
@@ -34,6 +37,7 @@ LATEST = "latest"
 CONFIG_NAME = "config.yaml"
 MANIFEST = "manifest.json"
 TRAIN_STATE = "train_state.json"
+RUN_FILES = ("config.yaml", "train.log", "metrics.jsonl")   # a run directory has them first
 MANIFEST_FORMAT = 2   # 1: the counters were Accelerate's custom_checkpoint_0.pkl, a pickle
 
 
@@ -47,22 +51,41 @@ def step_dir_name(step: int) -> str:
 
 
 def read_train_state(path: str) -> TrainState:
-    """The counters of checkpoint `path`. ConfigError, in one line, for a checkpoint of another
-    format (an older fp8train's: its counters are a pickle) or an unreadable train_state.json."""
-    found = read_manifest(path).get("format")
-    if found != MANIFEST_FORMAT:
-        what = f"checkpoint format {found}" if found else "no manifest"
-        raise ConfigError(
-            f"cannot resume from '{path}': it was written by another version of fp8train "
-            f"({what}; this version resumes checkpoint format {MANIFEST_FORMAT}, whose training "
-            f"state is JSON); finish that run with the fp8train that wrote it, or start a new run "
-            f"(export, sampling and evaluation still read its model)")
+    """The counters of checkpoint `path`. ConfigError, in one line, for a checkpoint this version
+    cannot resume (`resume_refusal`) or an unreadable train_state.json."""
+    refusal = resume_refusal(path)
+    if refusal:
+        raise ConfigError(f"cannot resume from '{path}': {refusal}")
     try:
         with open(os.path.join(path, TRAIN_STATE), encoding="utf-8") as fh:
             return TrainState.from_dict(json.load(fh))
     except (OSError, ValueError) as e:   # json's errors are ValueErrors
         raise ConfigError(f"cannot resume from '{path}': {TRAIN_STATE} cannot be read "
                           f"({_describe(e)})") from None
+
+
+def resume_refusal(path: str) -> str | None:
+    """Why checkpoint `path`, intact, cannot be resumed by this version: it was written by an
+    older or a newer fp8train (its format). None when its format is this version's, and when
+    it has no manifest but is not an older fp8train's (then it is damaged: `verify` says so)."""
+    manifest = read_manifest(path)
+    found = manifest.get("format")
+    if not manifest:
+        names = _names(path)
+        if TRAIN_STATE in names or not any(n.startswith("custom_checkpoint_") for n in names):
+            return None
+        found = None
+    elif found == MANIFEST_FORMAT:
+        return None
+    if isinstance(found, int) and found > MANIFEST_FORMAT:
+        return (f"it was written by a newer fp8train (checkpoint format {found}; this version "
+                f"resumes format {MANIFEST_FORMAT}); continue it with the fp8train that wrote it")
+    what = f"checkpoint format {found}" if found else \
+        "no manifest" if not manifest else "a manifest without a format"
+    return (f"it was written by another version of fp8train ({what}; this version resumes "
+            f"checkpoint format {MANIFEST_FORMAT}, whose training state is JSON); finish that "
+            f"run with the fp8train that wrote it, or start a new run (export, sampling and "
+            f"evaluation still read its model)")
 
 
 def config_hash(values: dict) -> str:
@@ -89,16 +112,21 @@ class CheckpointManager:
         return sorted(found)
 
     def latest(self) -> str | None:
-        """The checkpoint `latest` points at; the newest complete one if the pointer is missing
-        or points at something that is gone."""
-        pointer = os.path.join(self.dir, LATEST)
-        if os.path.isfile(pointer):
-            with open(pointer, encoding="utf-8") as fh:
-                name = fh.read().strip()
-            if _STEP_DIR.match(name) and os.path.isdir(os.path.join(self.dir, name)):
-                return os.path.join(self.dir, name)
+        """The checkpoint `latest` points at; the newest complete one if the pointer is missing,
+        unreadable or points at something that is gone."""
+        name = self.pointer()
+        if name and _STEP_DIR.match(name) and os.path.isdir(os.path.join(self.dir, name)):
+            return os.path.join(self.dir, name)
         done = self.complete()
         return done[-1][1] if done else None
+
+    def pointer(self) -> str | None:
+        """What `latest` says, stripped; None when it is missing or cannot be read as text."""
+        try:
+            with open(os.path.join(self.dir, LATEST), encoding="utf-8") as fh:
+                return fh.read(4096).strip()
+        except (OSError, ValueError):   # a directory, unreadable, not UTF-8
+            return None
 
     def candidates(self) -> list[str]:
         """Checkpoints to try on resume, newest first. A step directory exists only once its
@@ -183,6 +211,7 @@ class CheckpointManager:
 
     def _write_manifest(self, tmp: str, step: int, meta: dict) -> None:
         """Phase 2: every file fsynced, then the manifest (each file's size and SHA-256)."""
+        give_normal_mode([tmp])
         files = _checksums(tmp)
         _fsync_tree(tmp)
         manifest = dict(format=MANIFEST_FORMAT, step=step, **meta, files=files,
@@ -217,22 +246,34 @@ class CheckpointManager:
             shutil.rmtree(path, ignore_errors=True)
 
 
-def verify(path: str) -> tuple[str | None, str]:
+def verify(path: str, resume: bool = False) -> tuple[str | None, str]:
     """(problem, note): problem is None when the checkpoint is complete, every file matches its
     manifest and nothing in it could run code when loaded (`unsafe_content`: a checksum does not
-    tell a crafted checkpoint, whose author writes the manifest too); note: what was checked."""
-    manifest_path = os.path.join(path, MANIFEST)
-    if not os.path.isfile(manifest_path):
-        if any(f.startswith(("model", "pytorch_model")) for f in os.listdir(path)):
-            unsafe = unsafe_content(path)
-            if unsafe:
-                return unsafe, ""
-            return None, "no manifest (written by an older fp8train): not verified"
-        return "no manifest and no model files", ""
+    tell a crafted checkpoint, whose author writes the manifest too); note: what was checked.
+    A checkpoint without a manifest is read unverified for its model (an older fp8train wrote
+    none), but never resumed (`resume`): this version writes the manifest before the directory
+    gets its name, so a step directory without one is damaged or a partial copy."""
     try:
-        with open(manifest_path, encoding="utf-8") as fh:
-            manifest = json.load(fh)
-        files = manifest["files"]
+        names = os.listdir(path)
+    except OSError as e:
+        return f"cannot be read ({_describe(e)})", ""
+    if MANIFEST not in names:
+        if not any(f.startswith(("model", "pytorch_model")) for f in names):
+            return ("empty" if not names else "no manifest and no model files"), ""
+        if resume:
+            return (f"no {MANIFEST}: every checkpoint this version writes has one, so it is "
+                    f"damaged or an incomplete copy"), ""
+        unsafe = unsafe_content(path)
+        if unsafe:
+            return unsafe, ""
+        return None, "no manifest (written by an older fp8train): not verified"
+    try:
+        with open(os.path.join(path, MANIFEST), encoding="utf-8") as fh:
+            files = json.load(fh)["files"]
+        if not isinstance(files, dict) or not all(
+                isinstance(w, dict) and isinstance(w.get("size"), int)
+                and isinstance(w.get("sha256"), str) for w in files.values()):
+            raise ValueError("its file list is not {name: {size, sha256}}")
     except (OSError, ValueError, KeyError, TypeError) as e:
         return f"unreadable manifest ({_describe(e)})", ""
     t0, total = time.time(), 0
@@ -256,19 +297,27 @@ def verify(path: str) -> tuple[str | None, str]:
 
 
 def read_manifest(path: str) -> dict:
+    """The manifest of checkpoint `path`; {} when it has none that can be read."""
     try:
         with open(os.path.join(path, MANIFEST), encoding="utf-8") as fh:
-            return json.load(fh)
+            manifest = json.load(fh)
     except (OSError, ValueError):
         return {}
+    return manifest if isinstance(manifest, dict) else {}
 
 
-def resolve_resume(resume: str, manager: CheckpointManager, warn=None, info=None) -> str | None:
+def resolve_resume(resume: str, manager: CheckpointManager, warn=None, info=None,
+                   announce: bool = True) -> str | None:
     """The checkpoint to load (verified), or None to start fresh. `warn(msg)` hears about every
-    checkpoint skipped as unusable, `info(msg)` what was verified. Starting fresh on top of an
-    earlier run's checkpoints is refused: that would mix two runs in one directory."""
+    checkpoint skipped as unusable and, with `announce` (auto was asked for, not implied by a
+    sweep trial's first start), about an `auto` that finds nothing: a mistyped output_dir must
+    not pass for a new run unnoticed. `info(msg)`: what was verified. Starting fresh on top of
+    an earlier run's checkpoints is refused: that would mix two runs in one directory."""
     warn = warn or (lambda msg: None)
     info = info or (lambda msg: None)
+    if os.path.exists(manager.dir) and not os.path.isdir(manager.dir):
+        raise ConfigError(f"'{manager.dir}' is a file: a run keeps its checkpoints in a "
+                          f"directory of that name; move the file away")
     if resume == "never":
         existing = manager.latest()
         if existing is not None:
@@ -278,28 +327,47 @@ def resolve_resume(resume: str, manager: CheckpointManager, warn=None, info=None
         return None
     if resume == "auto":
         manager.remove_partial_writes()
-        return _first_usable(manager, warn, info, own=True)
-    return find_checkpoint(resume, "key 'resume'", warn, info,
+        pointer = _pointer_problem(manager)   # before anything unusable is moved aside
+        found = _first_usable(manager, warn, info, own=True)
+        if found is None and announce:
+            warn(f"resume auto: no checkpoint in '{manager.dir}' "
+                 f"({'empty' if os.path.isdir(manager.dir) else 'it does not exist'})"
+                 f"{_did_you_mean(os.path.dirname(manager.dir), sibling=True)}; starting a "
+                 f"new run")
+        elif pointer:
+            warn(f"{pointer}; resuming from the newest checkpoint that verifies, '{found}'")
+        return found
+    return find_checkpoint(resume, "key 'resume'", warn, info, resume=True,
                            hint=" (--resume auto picks the newest good checkpoint of a run)")
 
 
-def find_checkpoint(path: str, what: str = "checkpoint", warn=None, info=None,
-                    hint: str = " (pass the run directory to use its newest good checkpoint)") -> str:
+def find_checkpoint(path: str, what: str = "", warn=None, info=None,
+                    hint: str = " (pass the run directory to use its newest good checkpoint)",
+                    resume: bool = False) -> str:
     """`path` verified, when it is a checkpoint directory; the newest checkpoint that verifies,
-    when it is a run directory. ConfigError (naming `what`) otherwise."""
+    when it is a run directory. ConfigError (prefixed with `what`, the key or argument)
+    otherwise. `resume`: the checkpoint is to be resumed, not only read (`verify`,
+    `resume_refusal`)."""
     warn = warn or (lambda msg: None)
     info = info or (lambda msg: None)
-    if os.path.isdir(os.path.join(path, "checkpoints")):  # a run directory: its newest good one
-        found = _first_usable(CheckpointManager(path, 0), warn, info, own=False)
+    pre = f"{what}: " if what else ""
+    wrong = path_problem(path)
+    if wrong:
+        raise ConfigError(pre + wrong)
+    if _is_run_dir(path):   # its newest good checkpoint
+        found = _first_usable(CheckpointManager(path, 0), warn, info, own=False, resume=resume)
         if found is None:
-            raise ConfigError(f"{what}: run directory '{path}' holds no checkpoint")
+            raise ConfigError(f"{pre}run directory '{path}' holds no checkpoint")
         return found
-    if not is_checkpoint_dir(path):
-        raise ConfigError(f"{what}: '{path}' is not a checkpoint directory (nor a run directory "
-                          f"with checkpoints/)")
-    problem, note = verify(path)
+    if resume:
+        refusal = resume_refusal(path)
+        if refusal:
+            raise ConfigError(f"{pre}cannot resume from '{path}': {refusal}")
+    problem, note = verify(path, resume=resume)
+    if problem and resume and MANIFEST not in _names(path):
+        raise ConfigError(f"{pre}cannot resume from '{path}': {problem}")
     if problem:
-        raise ConfigError(f"{what}: checkpoint '{path}' is unusable: {problem}{hint}")
+        raise ConfigError(f"{pre}checkpoint '{path}' is unusable: {problem}{hint}")
     info(f"checkpoint {path}: {note}")
     return path
 
@@ -307,16 +375,108 @@ def find_checkpoint(path: str, what: str = "checkpoint", warn=None, info=None,
 def is_checkpoint_dir(path: str) -> bool:
     """model.safetensors (DDP, one process) or pytorch_model_fsdp_0/ (FSDP's sharded state)."""
     return os.path.isdir(path) and any(f.startswith(("model", "pytorch_model"))
-                                       for f in os.listdir(path))
+                                       for f in _names(path))
 
 
-def _first_usable(manager: CheckpointManager, warn, info, own: bool) -> str | None:
+def path_problem(path: str) -> str | None:
+    """Why `path` is neither a checkpoint directory nor a run directory with a checkpoint, in
+    words that say what was looked for and, when a neighbour is one, which. Reads directory
+    listings only (no checksums, no torch): the config check runs it before anything loads."""
+    if not os.path.exists(path):
+        return f"checkpoint '{path}' not found{_did_you_mean(path, sibling=True)}"
+    if os.path.isfile(path):
+        parent = os.path.dirname(path) or "."
+        mean = f" (did you mean its directory '{parent}'?)" if is_checkpoint_dir(parent) else ""
+        return (f"'{path}' is not a checkpoint directory: it is a file; name a checkpoint "
+                f"directory (checkpoints/step_N) or a run directory{mean}")
+    looked = os.path.join(path, "checkpoints")
+    if _is_run_dir(path):
+        if any(_STEP_DIR.match(n) for n in _names(looked)):
+            return None
+        return (f"run directory '{path}' holds no checkpoint ('{looked}' has no step_N "
+                f"directory){_did_you_mean(path, sibling=True)}")
+    if is_checkpoint_dir(path):
+        return None
+    steps = sorted(n for n in _names(path) if _STEP_DIR.match(n))
+    if steps:
+        run = os.path.dirname(os.path.normpath(path)) or "."
+        return (f"'{path}' is not a checkpoint directory: it holds checkpoints (did you mean the "
+                f"run directory '{run}', or '{os.path.join(path, steps[-1])}'?)")
+    names = _names(path)
+    if MANIFEST in names or TRAIN_STATE in names:
+        return (f"checkpoint '{path}' has no model state (model.safetensors or "
+                f"pytorch_model_fsdp_0/): it is incomplete")
+    if any(n in RUN_FILES for n in names):
+        return (f"run directory '{path}' holds no checkpoint (no checkpoints/ in it: the run "
+                f"saved none)")
+    empty = "it is empty" if not names else \
+        "it has no model.safetensors and no checkpoints/"
+    return (f"'{path}' is not a checkpoint directory (nor a run directory with checkpoints/): "
+            f"{empty}{_did_you_mean(path)}")
+
+
+def _did_you_mean(path: str, sibling: bool = False) -> str:
+    """' (did you mean ...?)' naming run directories that hold checkpoints: inside `path`, and
+    with `sibling`, beside it under a similar name (a typo); '' when there is none."""
+    import difflib
+    path = os.path.normpath(path)
+    parent = os.path.dirname(path) or "."
+    near = []
+    if sibling:
+        names = [n for n in _names(parent) if _holds_checkpoints(os.path.join(parent, n))
+                 or is_checkpoint_dir(os.path.join(parent, n))]
+        near = [os.path.join(parent, n) if parent != "." else n for n in
+                difflib.get_close_matches(os.path.basename(path), names, n=3, cutoff=0.6)]
+    near += [os.path.join(path, n) for n in sorted(_names(path))
+             if _holds_checkpoints(os.path.join(path, n))][:3]
+    return f" (did you mean {' or '.join(repr(n) for n in near[:3])}?)" if near else ""
+
+
+def _is_run_dir(path: str) -> bool:
+    return os.path.isdir(os.path.join(path, "checkpoints"))
+
+
+def _holds_checkpoints(run: str) -> bool:
+    return any(_STEP_DIR.match(n) for n in _names(os.path.join(run, "checkpoints")))
+
+
+def _names(path: str) -> list:
+    try:
+        return os.listdir(path)
+    except OSError:
+        return []
+
+
+def _pointer_problem(manager: CheckpointManager) -> str | None:
+    """What is wrong with `latest`, when it names no checkpoint directory at all (garbage, or
+    one that is gone). The newest checkpoint that verifies is used whatever it says; a pointer
+    one checkpoint behind is a crash before its update, normal, and one naming a damaged
+    checkpoint is reported as that checkpoint."""
+    pointer = os.path.join(manager.dir, LATEST)
+    if not os.path.lexists(pointer):
+        return None
+    name = manager.pointer()
+    if name and _STEP_DIR.match(name) and os.path.isdir(os.path.join(manager.dir, name)):
+        return None
+    shown = "nothing readable" if not name else f"'{name[:60]}'"
+    return f"'{pointer}' names {shown}, which is not a checkpoint there"
+
+
+def _first_usable(manager: CheckpointManager, warn, info, own: bool,
+                  resume: bool = True) -> str | None:
     """The newest checkpoint that verifies. Newer, unusable ones are reported and, in the run's
     own directory, moved aside so that they are never tried (or counted) again; when none is
-    usable, nothing is moved and the run stops."""
+    usable, nothing is moved and the run stops. One that is intact but cannot be resumed by
+    this version (`resume_refusal`) stops the run: it is not damaged, nothing to fall back
+    from."""
     tried, bad = manager.candidates(), []
     for path in tried:
-        problem, note = verify(path)
+        refusal = resume_refusal(path) if resume else None
+        if refusal:
+            for old, why in bad:
+                warn(f"checkpoint '{old}' is unusable ({why})")
+            raise ConfigError(f"cannot resume from '{path}': {refusal}")
+        problem, note = verify(path, resume=resume)
         if problem is not None:
             bad.append((path, problem))
             continue
@@ -332,6 +492,38 @@ def _first_usable(manager: CheckpointManager, warn, info, own: bool) -> str | No
         raise ConfigError(f"no usable checkpoint in '{manager.dir}' ({len(tried)} tried, all "
                           f"corrupt or incomplete); start over with a new --output_dir")
     return None
+
+
+def file_mode() -> int:
+    """The mode open() gives a new file here: 0o666 less the process's umask."""
+    try:
+        with open("/proc/self/status", encoding="ascii") as fh:   # Linux: read, not set
+            for line in fh:
+                if line.startswith("Umask:"):
+                    return 0o666 & ~int(line.split()[1], 8)
+    except (OSError, ValueError):
+        pass
+    mask = os.umask(0o022)
+    os.umask(mask)
+    return 0o666 & ~mask
+
+
+def give_normal_mode(paths) -> None:
+    """Every file in `paths` (files, or directories: the files under them) gets the mode of a
+    newly opened file. safetensors writes through a private temporary file (mode 0600) that it
+    renames into place: left so, a checkpoint or an export on a shared filesystem would be
+    unreadable to the rest of the team while every other file of the run is not. A file that
+    cannot be changed (another user's) is left as it is."""
+    mode = file_mode()
+    for top in paths:
+        files = [top] if not os.path.isdir(top) else \
+            [os.path.join(d, f) for d, _, names in os.walk(top) for f in names]
+        for f in files:
+            try:
+                if not os.path.islink(f) and (os.stat(f).st_mode & 0o777) != mode:
+                    os.chmod(f, mode)
+            except OSError:
+                pass
 
 
 def _attempt(action, catch=OSError) -> str | None:

@@ -8,6 +8,8 @@ and goes on, unless it was its last chance or checkpoint_required is set.
 """
 from __future__ import annotations
 
+import time
+
 from .checkpoint import CheckpointManager, CheckpointWriteError
 from .errors import RunFailed
 
@@ -35,6 +37,7 @@ class Checkpointer:
             return False
         st.checkpoints_written += 1      # counted inside the checkpoint it describes
         st.wall_seconds = wall_seconds
+        t0 = time.perf_counter()
         try:
             path = self.manager.save(self.acc, st, self.config_text,
                                      dict(tokens=st.tokens, config_hash=self.run_hash))
@@ -50,6 +53,7 @@ class Checkpointer:
             self.log.warn(f"{e}; {intact}; training goes on (checkpoint_required: true stops "
                           "instead)")
             return False
+        self.log.msg(f"checkpoint step {st.step:,} saved ({time.perf_counter() - t0:.1f} s)")
         self.log.file_only(f"checkpoint: {path}")
         return True
 

@@ -16,9 +16,18 @@ def _is_rank0() -> bool:
     return os.environ.get("RANK", "0") == "0"
 
 
+# Without arguments nothing is trained: the defaults alone are a GPT-2 124M run, never what a
+# first try means.
+NO_ARGUMENTS = ("no config given; usage: train_fp8.py --config FILE [--key=value ...], e.g. "
+                "--config configs/test_fp8.yaml (the CPU demo; other shipped configs are in "
+                "configs/); --help lists every key")
+
+
 def main(argv: list[str] | None = None) -> int:
     argv = sys.argv[1:] if argv is None else argv
     try:
+        if not argv:
+            raise ConfigError(NO_ARGUMENTS)
         cfg = load_config(argv)
     except HelpRequested:
         print(help_text())
@@ -27,16 +36,23 @@ def main(argv: list[str] | None = None) -> int:
         return report(e, show=_is_rank0())
     # Must be set before torch initialises CUDA: fewer fragmentation OOMs on long runs.
     os.environ.setdefault("PYTORCH_CUDA_ALLOC_CONF", "expandable_segments:True")
-    from .loop import train  # heavy imports only once the config is good
-    try:
-        return run_reported(lambda: train(cfg), show=_is_rank0())
-    finally:
-        _close_process_group()
+    from .batching import memory_hint
+    from .signals import StopRequests, Stopped
+    # Stop signals are handled from here on, torch's import included (signals.py).
+    with StopRequests(announce=_is_rank0()) as requests:
+        try:
+            from .loop import train  # heavy imports only once the config is good
+            return run_reported(lambda: train(cfg, requests), show=_is_rank0(),
+                                memory_hint=memory_hint(cfg))
+        except Stopped as e:   # before the run's train.log was open
+            return e.report(show=_is_rank0())
+        finally:
+            _close_process_group()
 
 
 def _close_process_group() -> None:
     """Leave the process group explicitly: a rank that exits with it still open can abort at
     interpreter shutdown and turn a clean exit code into SIGABRT."""
-    import torch.distributed as dist
-    if dist.is_available() and dist.is_initialized():
+    dist = sys.modules.get("torch.distributed")   # not imported (a stop during the import): none
+    if dist is not None and dist.is_available() and dist.is_initialized():
         dist.destroy_process_group()

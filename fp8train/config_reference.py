@@ -25,8 +25,11 @@ differ. `python train_fp8.py --help` prints the same keys with their docs and de
 Keys are flat (no nesting). Each one can be set in the YAML file given with `--config` or on
 the command line as `--key=value` or `--key value`, and the command line wins (see
 [usage.md](usage.md#the-command-line)). A config written by a run (`<output_dir>/config.yaml`)
-can be fed back with `--config`; its `derived:` section is ignored on load. Unknown keys and
-values outside the bounds below stop the run with exit 2 and one line naming the key.
+can be fed back with `--config`; its `derived:` section is ignored on load. Unknown keys,
+values outside the bounds below, a key given twice in a file and the other slips listed in
+[usage.md](usage.md#the-command-line) stop the run with exit 2 and one line naming the key and
+where its value came from. Files are read as YAML 1.2: `true`/`false` are the only booleans
+(`yes`, `on` are text), `3e-3` is a number, an integer may be written `1e6` or `3.0`.
 
 **Change on resume.** "yes": a resumed run may take a new value (how the run is carried out,
 not what it trains). "no": the key changes what is trained, and resuming with a new value is

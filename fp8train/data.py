@@ -8,13 +8,13 @@ from __future__ import annotations
 
 import hashlib
 import os
-import tempfile
 import urllib.request
 from dataclasses import dataclass
 
 import numpy as np
 
 from .config import ConfigError
+from .data_source import resolved_dataset
 from .errors import one_line
 
 TINYSHAKESPEARE_URL = (
@@ -39,16 +39,17 @@ class ByteTokenizer:
 
 
 class HFTokenizer:
-    """Any `transformers.AutoTokenizer`, by hub name or local directory."""
+    """Any `transformers.AutoTokenizer`, by hub name or local directory. `what` names the
+    setting in errors ("key 'tokenizer'", "--tokenizer")."""
 
-    def __init__(self, name: str):
+    def __init__(self, name: str, what: str = "key 'tokenizer'"):
+        if _is_path(name) and not os.path.exists(name):
+            raise ConfigError(f"{what}: cannot load tokenizer '{name}' (no such directory)")
         import transformers
+        from huggingface_hub.utils import logging as hub_logging
         transformers.utils.logging.set_verbosity_error()  # no "sequence too long" warnings
-        try:
-            self.tok = transformers.AutoTokenizer.from_pretrained(name)
-        except Exception as e:  # hub offline, missing dir, not a tokenizer
-            raise ConfigError(f"key 'tokenizer': cannot load tokenizer '{name}' "
-                              f"({one_line(e, 200, first_line=True)})") from None
+        hub_logging.set_verbosity_error()  # no line per download retry
+        self.tok = _load_hf_tokenizer(transformers.AutoTokenizer, name, what)
         self.name = name
         self.vocab_size = len(self.tok)
 
@@ -64,6 +65,59 @@ class HFTokenizer:
         return self.tok.decode([int(i) for i in ids])
 
 
+def _load_hf_tokenizer(auto, name: str, what: str):
+    """A directory or a cached hub tokenizer loads without any network request. Otherwise the
+    hub is asked only when it is allowed (not offline) and answers a single quick request:
+    its client retries a dead connection for about a minute per file."""
+    def fail(why: str):
+        return ConfigError(f"{what}: cannot load tokenizer '{name}' ({why})")
+    try:
+        return auto.from_pretrained(name, local_files_only=True)
+    except Exception as e:  # not cached, not a tokenizer directory, no such path
+        local_error = one_line(e, 200, first_line=True)
+    if os.path.exists(name) or _is_path(name):
+        raise fail(local_error)  # a path, not a hub name: the hub cannot help
+    if _offline():
+        raise fail(f"not in the local HuggingFace cache, and offline mode is set "
+                   f"({_offline_variable()}); download it once with network access, or use a "
+                   f"local tokenizer directory")
+    unreachable = hub_unreachable()
+    if unreachable:
+        raise fail(f"not in the local HuggingFace cache, and the hub cannot be reached: "
+                   f"{unreachable}; download it once with network access, or use a local "
+                   f"tokenizer directory")
+    try:
+        return auto.from_pretrained(name)
+    except Exception as e:  # no such repository, not a tokenizer, a failed download
+        raise fail(one_line(e, 200, first_line=True)) from None
+
+
+def _is_path(name: str) -> bool:
+    """Spelled as a path: a hub name is "name" or "org/name"."""
+    return name.startswith((".", "/", "~")) or name.count("/") > 1 or os.sep != "/" and \
+        os.sep in name
+
+
+def hub_unreachable(timeout: float = 10.0) -> "str | None":
+    """Why the HuggingFace hub (HF_ENDPOINT) cannot be reached, or None when it answers one
+    HEAD request, through the same proxy variables its client reads. Any HTTP answer, even an
+    error status, means it is reachable."""
+    import urllib.error
+    endpoint = os.environ.get("HF_ENDPOINT", "https://huggingface.co").rstrip("/")
+    try:
+        timeout = float(os.environ.get("HF_HUB_ETAG_TIMEOUT") or timeout)
+    except ValueError:
+        pass  # not a number: the default
+    try:
+        urllib.request.urlopen(urllib.request.Request(endpoint, method="HEAD"),
+                               timeout=timeout).close()
+    except urllib.error.HTTPError:
+        return None
+    except (OSError, ValueError) as e:  # URLError, refused, timed out, a malformed endpoint
+        return f"{endpoint}: {one_line(getattr(e, 'reason', None) or e, 150)}"
+    return None
+
+
 def build_tokenizer(name: str):
     return ByteTokenizer() if name == "byte" else HFTokenizer(name)
 
@@ -72,9 +126,20 @@ def build_tokenizer(name: str):
 # Corpus
 # ------------------------------------------------------------------------------------------------
 
+OFFLINE_VARIABLES = ("FP8TRAIN_OFFLINE", "HF_HUB_OFFLINE", "HF_DATASETS_OFFLINE",
+                     "TRANSFORMERS_OFFLINE")
+
+
+def _offline_variable() -> "str | None":
+    """The first variable that sets offline mode ("0", "false", "no", "off" do not)."""
+    for v in OFFLINE_VARIABLES:
+        if os.environ.get(v, "").strip().lower() not in ("", "0", "false", "no", "off"):
+            return f"{v}={os.environ[v]}"
+    return None
+
+
 def _offline() -> bool:
-    return any(os.environ.get(v, "") not in ("", "0") for v in
-               ("FP8TRAIN_OFFLINE", "HF_HUB_OFFLINE", "HF_DATASETS_OFFLINE"))
+    return _offline_variable() is not None
 
 
 def _download(url: str, dest: str, sha256: str) -> None:
@@ -83,9 +148,10 @@ def _download(url: str, dest: str, sha256: str) -> None:
         data = r.read()
     if hashlib.sha256(data).hexdigest() != sha256:
         raise OSError(f"checksum mismatch for {url}")
-    # Write to a temporary name and rename, so an interrupted download never looks complete.
-    fd, tmp = tempfile.mkstemp(dir=os.path.dirname(dest) or ".", suffix=".part")
-    with os.fdopen(fd, "wb") as fh:
+    # Write to a temporary name and rename, so an interrupted download never looks complete;
+    # opened plainly (mkstemp's files are 0600) so that it gets the umask's mode like any file.
+    tmp = f"{dest}.{os.getpid()}.part"
+    with open(tmp, "wb") as fh:
         fh.write(data)
     os.replace(tmp, dest)
 
@@ -122,16 +188,28 @@ class TokenSplits:
 
 def load_splits(cfg, log=print, fetch=lambda f: f()) -> "TokenSplits":
     """The run's train and val tokens: prepared shards when `dataset` names them (checked,
-    memory-mapped), else a text corpus tokenized here. `fetch(f)` runs the corpus lookup (which
-    may download tinyshakespeare): the trainer runs it on rank 0 alone."""
+    memory-mapped), else a text corpus tokenized here. `fetch(f)` runs what only one process
+    should do (a download of tinyshakespeare, the scan of the shards' token ids): the trainer
+    runs it on rank 0 alone."""
     if cfg.dataset == "synthetic":
-        return synthetic_splits()
-    directory = prepared_dir(cfg.dataset, cfg.data_dir)
+        splits = synthetic_splits()
+        for split, part in (("train", splits.train), ("val", splits.val)):
+            _check_window(part, split, "dataset 'synthetic'", cfg.seq_len)
+        return splits
+    dataset = resolved_dataset(cfg.dataset, cfg.data_dir)   # as the config does (evaluate.py)
+    directory = prepared_dir(dataset, cfg.data_dir)
     if directory is not None:
-        return load_prepared(directory, cfg.dataset, cfg.data_dir, cfg.tokenizer, cfg.seq_len)
+        return load_prepared(directory, dataset, cfg.data_dir, cfg.tokenizer, cfg.seq_len,
+                             log, fetch)
     tokenizer = build_tokenizer(cfg.tokenizer)
-    fetch(lambda: corpus_path(cfg.dataset, cfg.data_dir, log))
-    return load_tokens(cfg.dataset, cfg.data_dir, tokenizer, cfg.seq_len, cfg.val_fraction)
+    fetch(lambda: corpus_path(dataset, cfg.data_dir, log))
+    return load_tokens(dataset, cfg.data_dir, tokenizer, cfg.seq_len, cfg.val_fraction)
+
+
+def _check_window(tokens, split: str, what: str, seq_len: int) -> None:
+    if len(tokens) < seq_len + 1:
+        raise ConfigError(f"{what}: the {split} split has {len(tokens):,} tokens, fewer than "
+                          f"seq_len + 1 = {seq_len + 1}")
 
 
 PREPARED = ("fineweb-edu", "openwebtext")  # known datasets that exist only as prepared shards
@@ -155,11 +233,11 @@ def prepare_command(dataset: str, data_dir: str) -> str:
 
 
 def load_prepared(directory: str, dataset: str, data_dir: str, tokenizer_name: str,
-                  seq_len: int) -> TokenSplits:
+                  seq_len: int, log=print, fetch=lambda f: f()) -> TokenSplits:
     """Memory-map a prepared dataset and check it before any step runs: complete, headers valid,
-    sizes matching, token ids inside the vocabulary, the tokenizer the run says, each split
-    longer than one window."""
-    from .shards import read_header, read_meta, open_shard
+    sizes matching, every token id inside the vocabulary (scanned once, shards.body_max_ids),
+    the tokenizer the run says, each split longer than one window."""
+    from .shards import body_max_ids, read_header, read_meta, open_shard
     if not os.path.isfile(os.path.join(directory, "meta.json")):
         if dataset in PREPARED:
             raise ConfigError(f"dataset '{dataset}' is not prepared: '{directory}/meta.json' "
@@ -170,6 +248,8 @@ def load_prepared(directory: str, dataset: str, data_dir: str, tokenizer_name: s
         vocab = int(meta["vocab_size"])
         shard_names = {split: [str(n) for n in meta["splits"].get(split, {}).get("shards", [])]
                        for split in ("train", "val")}
+        if vocab < 2:
+            raise ValueError(vocab)
     except (KeyError, TypeError, ValueError, AttributeError):
         raise ConfigError(f"'{os.path.join(directory, 'meta.json')}' is not a valid prepared-"
                           "dataset description (missing or malformed 'vocab_size' or 'splits'); "
@@ -178,24 +258,31 @@ def load_prepared(directory: str, dataset: str, data_dir: str, tokenizer_name: s
         raise ConfigError(f"key 'tokenizer' is '{tokenizer_name}' but '{directory}' was prepared "
                           f"with tokenizer '{meta.get('tokenizer')}' (vocabulary {vocab:,}); set "
                           f"tokenizer: {meta.get('tokenizer')}")
-    parts = {}
+    parts, headers = {}, {}
     for split in ("train", "val"):
         arrays = []
         for name in shard_names[split]:
             path = os.path.join(directory, name)
             if not os.path.isfile(path):
                 raise ConfigError(f"shard '{path}' listed in meta.json is missing")
-            h = read_header(path)
+            h = headers[name] = read_header(path)
             if h.vocab_size != vocab or h.max_token >= vocab:
                 raise ConfigError(f"shard '{path}': token ids up to {h.max_token} / vocabulary "
                                   f"{h.vocab_size}, but the dataset's vocabulary is {vocab}: "
                                   "a tokenizer mismatch; prepare the dataset again")
             arrays.append(open_shard(path))
         parts[split] = ShardedTokens(arrays)
-        if len(parts[split]) < seq_len + 1:
-            raise ConfigError(f"dataset '{directory}': the {split} split has "
-                              f"{len(parts[split]):,} tokens, fewer than seq_len + 1 = "
-                              f"{seq_len + 1}")
+        _check_window(parts[split], split, f"dataset '{directory}'", seq_len)
+    names = [n for split in ("train", "val") for n in shard_names[split]]
+    for name, largest in fetch(lambda: body_max_ids(directory, names, log)).items():
+        if largest >= vocab:
+            path = os.path.join(directory, name)
+            at = int(np.argmax(open_shard(path) >= vocab))
+            raise ConfigError(f"shard '{path}' holds token id {largest}, outside the dataset's "
+                              f"vocabulary of {vocab:,} (the first such id is at position "
+                              f"{at:,}; the header says at most {headers[name].max_token}): "
+                              "the shard is corrupt; prepare the dataset again with "
+                              "scripts/prepare_data.py")
     return TokenSplits(parts["train"], parts["val"], vocab,
                        f"{directory} ({len(shard_names['train'])} train shards)")
 
@@ -352,13 +439,40 @@ def _splitmix64(x: np.ndarray) -> np.ndarray:
     return x ^ (x >> np.uint64(31))
 
 
-def val_batches(tokens: np.ndarray, seq_len: int, n_sequences: int, micro: int):
+def eval_sequence_count(val_tokens: int, seq_len: int, requested: int, warn=None) -> int:
+    """How many validation windows an evaluation reads: `requested`, or as many disjoint windows
+    as the split holds when it holds fewer. More would overlap (1e6 of them over a small split:
+    gigabytes of windows, hours of evaluation, no better an estimate)."""
+    fits = max(1, (val_tokens - 1) // seq_len)
+    if requested > fits and warn is not None:
+        warn(f"key 'eval_sequences' ({requested:,}) is more than the validation split holds: "
+             f"{val_tokens:,} tokens make {fits:,} windows of seq_len {seq_len}; evaluating on "
+             f"{fits:,} (set eval_sequences <= {fits:,}, or prepare a larger validation split)")
+    return min(requested, fits)
+
+
+def val_batches(tokens: np.ndarray, seq_len: int, n_sequences: int, micro: int, warn=None):
     """A fixed set of validation windows, evenly spread over the split, in micro-batches. The
-    set depends only on n_sequences, never on the batch plan, so val/loss compares like with
-    like across evaluations and across runs."""
+    set depends only on n_sequences (capped by eval_sequence_count), never on the batch plan,
+    so val/loss compares like with like across evaluations and across runs."""
+    n_sequences = eval_sequence_count(len(tokens), seq_len, n_sequences, warn)
     starts = np.linspace(0, len(tokens) - seq_len - 1, num=n_sequences).astype(np.int64)
     return [_windows(tokens, starts[i:i + micro], seq_len)
             for i in range(0, n_sequences, micro)]
+
+
+def check_batch_fits(cfg, effective: int, train_tokens: int) -> None:
+    """An effective batch larger than the training split's windows would read some windows
+    twice in one step (and a huge one builds gigabytes of batches before it fails)."""
+    seq_len, windows = cfg.seq_len, (train_tokens - 1) // cfg.seq_len
+    key = "batch_size" if cfg.target_effective_batch_size is None else \
+        "target_effective_batch_size"
+    if effective > windows:
+        raise ConfigError(f"{cfg.source}: key '{key}': an effective batch of {effective:,} "
+                          f"sequences is more than the training split holds ({train_tokens:,} "
+                          f"tokens make {windows:,} windows of seq_len {seq_len}); lower {key} "
+                          f"(at most {windows:,} sequences per step) or seq_len, or use a larger "
+                          "dataset")
 
 
 def _windows(tokens, starts: np.ndarray, seq_len: int):

@@ -64,6 +64,34 @@ def one_line(e: BaseException, limit: int = 300, with_type: bool = False,
     return text
 
 
+# How an allocation failure reads when it does not come as torch.OutOfMemoryError: libraries
+# with their own C++ (Transformer Engine registers no exception translator, so its errors are
+# plain RuntimeErrors) report CUDA's and cuBLAS/cuDNN's messages. "out of memory" is
+# cudaGetErrorString(cudaErrorMemoryAllocation); "the resource allocation failed" is
+# cublasGetStatusString(CUBLAS_STATUS_ALLOC_FAILED), which torch reports by its enum name; "can't
+# allocate memory" is torch's CPU allocator (DefaultCPUAllocator).
+OOM_MESSAGES = ("out of memory", "cudaerrormemoryallocation", "cublas_status_alloc_failed",
+                "the resource allocation failed", "cudnn_status_alloc_failed",
+                "device_allocation_failed",   # cuDNN 9: ..._INTERNAL_ERROR_DEVICE_ALLOCATION_FAILED
+                "can't allocate memory")
+
+
+def is_out_of_memory(error: BaseException) -> bool:
+    """True when `error` says the device or the host ran out of memory, whatever raised it,
+    including an error raised while handling (or from) one that does. By class name, so that
+    this module needs no torch (torch.OutOfMemoryError is a RuntimeError)."""
+    seen = set()
+    while error is not None and id(error) not in seen:
+        seen.add(id(error))
+        if isinstance(error, MemoryError) or any(
+                c.__name__ == "OutOfMemoryError" for c in type(error).__mro__) or (
+                isinstance(error, RuntimeError)
+                and any(m in str(error).lower() for m in OOM_MESSAGES)):
+            return True
+        error = error.__cause__ or error.__context__
+    return False
+
+
 def report(e: BaseException, show: bool = True) -> int:
     """Print `error: <message>` (secrets redacted) unless `show` is false (a rank other than
     0), and return the exception's exit code. Re-raises an exception that is not ours."""
@@ -71,14 +99,36 @@ def report(e: BaseException, show: bool = True) -> int:
     if code is None:
         raise e
     if show:
-        from .redaction import redact
-        print(f"error: {redact(str(e))}", file=sys.stderr, flush=True)
+        print(error_line(e), file=sys.stderr, flush=True)
     return code
 
 
-def run_reported(body, show: bool = True) -> int:
-    """Run `body()` (returning an exit code); our exceptions become one line and their code."""
+def error_line(e: BaseException) -> "str | None":
+    """The line `report` prints for `e`; None for an exception that is not ours."""
+    if exit_code(e) is None:
+        return None
+    from .redaction import redact
+    return f"error: {redact(str(e))}"
+
+
+def run_reported(body, show: bool = True, memory_hint: str = "") -> int:
+    """Run `body()` (returning an exit code); our exceptions become one line and their code. So
+    does running out of memory (exit 1: the same config may fit another machine, or this one
+    when less else runs on it), followed by `memory_hint`: which keys to lower."""
     try:
         return body()
     except (ConfigError, RunFailed, ToolFailed, ServerError) as e:
         return report(e, show)
+    except Exception as e:
+        if not is_out_of_memory(e):
+            raise
+        return report(as_reported(e, memory_hint), show)
+
+
+def as_reported(e: BaseException, memory_hint: str = "") -> BaseException:
+    """`e` as run_reported reports it: running out of memory becomes a RunFailed line (with
+    `memory_hint`); anything else stays as it is."""
+    if exit_code(e) is None and isinstance(e, Exception) and is_out_of_memory(e):
+        return RunFailed(f"out of memory ({one_line(e, 200, first_line=True)})"
+                         + (f"; {memory_hint}" if memory_hint else ""))
+    return e

@@ -16,13 +16,15 @@ from .loss import lm_loss
 
 
 def token_loss_sums(model, batches, device, context=contextlib.nullcontext, rank: int = 0,
-                    world: int = 1, progress=None) -> torch.Tensor:
+                    world: int = 1, progress=None, stop=None) -> "torch.Tensor | None":
     """(sum of token cross-entropies, tokens) over this rank's share of `batches`, a 2-vector on
     `device`; sum it over ranks for the loss. Batches go round-robin over ranks with the same
     number of forwards on every rank (FSDP's forward is a collective): a rank short of a batch
-    repeats one with weight 0. `context()` is entered around each forward (precision)."""
+    repeats one with weight 0. `context()` is entered around each forward (precision).
+    `stop(n)`, asked after the n-th forward, abandons the evaluation (None is returned) when
+    true; it must answer the same on every rank."""
     total = torch.zeros(2, device=device)
-    for i in range(0, len(batches), world):
+    for n, i in enumerate(range(0, len(batches), world), start=1):
         mine = i + rank < len(batches)
         x, y = batches[i + rank if mine else 0]
         with context():
@@ -32,6 +34,8 @@ def token_loss_sums(model, batches, device, context=contextlib.nullcontext, rank
             total += torch.stack([ce * y.numel(), torch.tensor(float(y.numel()), device=device)])
         if progress is not None:
             progress(i + world)
+        if stop is not None and stop(n):
+            return None
     return total
 
 

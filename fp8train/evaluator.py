@@ -30,14 +30,20 @@ class Evaluator:
             st.target == self.ev.target_val_loss and st.target_step is not None
 
     @torch.no_grad()
-    def run(self, model, st, train_seconds: float, wall) -> bool:
+    def run(self, model, st, train_seconds: float, wall, stopper=None) -> "bool | None":
         """Evaluate and log; True when this evaluation reached target_val_loss for the first
         time (`train_seconds`: the training time so far, for val/time_to_target_s; `wall()`:
-        the run's wall time, read once the evaluation is done)."""
+        the run's wall time, read once the evaluation is done). With `stopper` (a
+        signals.Stopper) a stop signal abandons it between batches, on every rank at the same
+        batch: None, nothing logged."""
         model.eval()
         total = token_loss_sums(model, self.eval_set, self.acc.device,
                                 lambda: self.prec.forward_context(training=False),
-                                self.acc.process_index, self.acc.num_processes)
+                                self.acc.process_index, self.acc.num_processes,
+                                stop=stopper.interrupts if stopper is not None else None)
+        if total is None:
+            model.train()
+            return None
         total = self.acc.reduce(total, "sum")
         val_loss = (total[0] / total[1]).item()
         model.train()
@@ -59,7 +65,11 @@ class Evaluator:
             self.log.msg(f"target val/loss {self.ev.target_val_loss:g} reached at step "
                          f"{st.step:,}: val/loss {val_loss:.4f} after {hms(train_seconds)} of "
                          f"training ({st.tokens:,} tokens)")
-        self._samples(model, st.step)
+        if self.samples is not None and stopper is not None and stopper.requests.received:
+            # rank 0's own decision: samples are taken there alone, outside any collective
+            self.log.msg(f"text samples of step {st.step:,} skipped: a stop was requested")
+        else:
+            self._samples(model, st.step)
         return reached
 
     def _samples(self, model, step: int) -> None:
@@ -87,3 +97,12 @@ class Evaluator:
         st.time_to_target_s, st.tokens_to_target = train_seconds, st.tokens
         return True
 
+
+
+def missed(run_dir: str, step: int, eval_interval: int, total_steps: int) -> bool:
+    """Whether the evaluation due at `step` (a checkpoint's step) has no val row in
+    metrics.jsonl: a stop abandoned it, or skipped it for the checkpoint, and the resumed run
+    owes it."""
+    from .evaluation import logged_val_loss
+    due = step > 0 and (step % eval_interval == 0 or step >= total_steps)
+    return due and logged_val_loss(run_dir, step) is None

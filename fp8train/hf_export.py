@@ -12,6 +12,7 @@ target, see ModelConfig.pad_vocab_multiple) would otherwise be ids the tokenizer
 from __future__ import annotations
 
 import json
+import logging
 import os
 
 import torch
@@ -24,6 +25,25 @@ DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16, "fp16": torch.float16}
 # largest |logit| (at least 1). Measured: about 1e-6 in fp32 on CPU (summation order in the
 # attention and norm kernels differs).
 LOGIT_TOLERANCE = 1e-4
+
+
+class _TorchaoImportNoise(logging.Filter):
+    """Loading the export back imports transformers' quantizers, which import torchao when it
+    is installed; torchao then logs each optional kernel library it cannot load on this
+    machine, and torch logs its Enum registrations as deprecated. Neither concerns the export:
+    those two messages are dropped, every other record passes."""
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        msg = record.getMessage()
+        return not ((msg.startswith("Failed to load ") and "torchao" in msg)
+                    or "is an Enum subclass and is now natively supported" in msg)
+
+
+def _drop_torchao_import_noise() -> None:
+    for name in ("torchao", "torch.utils._pytree"):
+        logger = logging.getLogger(name)
+        if not any(isinstance(f, _TorchaoImportNoise) for f in logger.filters):
+            logger.addFilter(_TorchaoImportNoise())
 
 
 def hf_config(mcfg: ModelConfig, bos: int | None = None, eos: int | None = None):
@@ -175,6 +195,7 @@ def export(path: str, out_dir: str, dtype_name: str = "fp32", tokenizer: bool = 
     records. ConfigError for bad input (before anything is written), ToolFailed when the
     exported model does not reproduce ours."""
     from . import trained
+    from .checkpoint import give_normal_mode
     from .errors import ToolFailed
     if os.path.isdir(out_dir) and os.listdir(out_dir) and not overwrite:
         raise ConfigError(f"OUT_DIR '{out_dir}' exists and is not empty; pass --overwrite to "
@@ -194,13 +215,16 @@ def export(path: str, out_dir: str, dtype_name: str = "fp32", tokenizer: bool = 
         if name.endswith(".safetensors") or name.endswith(".safetensors.index.json"):
             os.remove(os.path.join(out_dir, name))
     state = {k: v.detach().cpu() for k, v in t.model.state_dict().items()}
-    write_model(out_dir, mcfg, state, dtype, bos, eos)
+    written = [os.path.join(out_dir, f) for f in write_model(out_dir, mcfg, state, dtype, bos,
+                                                              eos)]
     if tok is not None:
-        tok.save_pretrained(out_dir)
+        written += [str(f) for f in tok.save_pretrained(out_dir)]
+    give_normal_mode(written)   # safetensors leaves its files 0600: a team reads the export
     log(f"wrote {out_dir}: {_architecture(mcfg)} in {dtype_name}"
         + (f", tokenizer '{t.cfg.tokenizer}'" if tok is not None else ", no tokenizer files"))
 
     # The check a user would do: load it the standard way, compare with our forward pass.
+    _drop_torchao_import_noise()
     import transformers
     transformers.utils.logging.disable_progress_bar()
     hf = transformers.AutoModelForCausalLM.from_pretrained(out_dir, dtype=torch.float32).eval()

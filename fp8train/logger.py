@@ -16,6 +16,7 @@ import sys
 import time
 from typing import Optional
 
+from .errors import ConfigError
 from .redaction import redact, secret_values
 
 METRICS_NAME, SAMPLES_NAME, LOG_NAME, SUMMARY_NAME = \
@@ -38,13 +39,27 @@ class Logger:
 
     # --- where the run writes ------------------------------------------------------------------
     def open(self, run_dir: str) -> None:
-        """Start writing into the run directory (created and checked by the builder)."""
-        if self.is_main:
-            self._file = open(os.path.join(run_dir, LOG_NAME), "a", buffering=1,
-                              encoding="utf-8")
+        """Start writing into the run directory (created and checked by the builder). Every rank
+        calls it; ConfigError on every rank when one of the run's files cannot be written (a
+        directory in its place, no permission): found now, not as lost rows later."""
+        from .agreement import on_rank0
+        on_rank0(lambda: self._open(run_dir) if self.is_main else None)
         self.metrics = JsonLines(os.path.join(run_dir, METRICS_NAME), self.is_main, self.warn)
         self.sample_rows = JsonLines(os.path.join(run_dir, SAMPLES_NAME), self.is_main,
                                      self.warn)
+
+    def _open(self, run_dir: str) -> None:
+        for name in (LOG_NAME, METRICS_NAME, SAMPLES_NAME, SUMMARY_NAME):
+            path = os.path.join(run_dir, name)
+            if os.path.isdir(path):
+                raise ConfigError(f"'{path}' is a directory: the run writes its {name} there; "
+                                  "move it away or choose another output_dir")
+        path = os.path.join(run_dir, LOG_NAME)
+        try:
+            self._file = open(path, "a", buffering=1, encoding="utf-8")
+        except OSError as e:
+            raise ConfigError(f"cannot write '{path}' ({e.strerror or e}); choose another "
+                              "output_dir") from None
 
     def attach(self, tracker) -> None:
         """Rows, samples and the summary go to W&B too from here on."""
@@ -68,6 +83,15 @@ class Logger:
             text = self.clean(text)
             print(f"WARNING: {text}", file=sys.stderr, flush=True)
             self._write_file(f"WARNING: {text}")
+
+    def fatal(self, e: BaseException) -> None:
+        """What ends the run, into train.log as the console shows it: the `error:` line of one
+        of our errors (errors.report prints it), or an unexpected exception's traceback."""
+        import traceback
+
+        from .errors import error_line
+        self.file_only(error_line(e) or "".join(
+            traceback.format_exception(type(e), e, e.__traceback__)).rstrip())
 
     def file_only(self, text: str) -> None:
         if self.is_main:
@@ -107,8 +131,11 @@ class Logger:
 
     def truncate_after(self, step: int) -> "tuple[int, int]":
         """Drop the rows logged after `step` (a resume or a rollback re-runs those steps);
-        returns how many metrics and samples rows were dropped."""
-        return self.metrics.truncate_after(step), self.sample_rows.truncate_after(step)
+        returns how many metrics and samples rows were dropped. Every rank calls it: a file
+        that is not the run's own is a ConfigError on all of them."""
+        from .agreement import on_rank0
+        return on_rank0(lambda: (self.metrics.truncate_after(step),
+                                 self.sample_rows.truncate_after(step)))
 
     def summary(self, run_dir: str, report: dict) -> None:
         """The end-of-run report: summary.json (replaced atomically) and W&B's run summary."""
@@ -155,15 +182,24 @@ class JsonLines:
         twice. Returns how many rows were dropped."""
         if not self.enabled or not os.path.isfile(self.path):
             return 0
-        with open(self.path, encoding="utf-8") as fh:
+        with open(self.path, encoding="utf-8", errors="replace") as fh:
             lines = fh.readlines()
         keep = []
-        for line in lines:
+        for i, line in enumerate(lines, start=1):
+            if not line.strip():
+                continue
             try:
-                if json.loads(line).get("step", 0) <= step:
-                    keep.append(line)
-            except json.JSONDecodeError:   # a torn last line from a crash
-                pass
+                row = json.loads(line)
+            except json.JSONDecodeError:
+                row = None
+            if i == len(lines) and not line.endswith("\n") and row is None:
+                continue   # a last line torn by a crash in the middle of its write
+            if not isinstance(row, dict) or not isinstance(row.get("step", 0), (int, float)):
+                raise ConfigError(f"'{self.path}' line {i} is not a row this trainer writes "
+                                  f"({line.strip()[:60]!r}); move the file away or choose "
+                                  "another output_dir")
+            if row.get("step", 0) <= step:
+                keep.append(line)
         if len(keep) != len(lines):
             tmp = self.path + ".tmp"
             with open(tmp, "w", encoding="utf-8") as fh:
@@ -185,15 +221,35 @@ class JsonLines:
 
 
 class Progress:
-    """A tqdm bar on an interactive terminal; plain log lines otherwise (files, CI, SLURM)."""
+    """A tqdm bar on an interactive terminal; plain log lines otherwise (files, CI, SLURM). The
+    first line comes after the first step; the ETA is measured from there, in this process, so
+    that start-up, compilation and warm-up (and a resume's short first interval) do not count
+    as the speed of the steps to come."""
 
     def __init__(self, log: Logger, total: int, initial: int, mfu_label: str = ""):
-        self.log, self.total, self.t0, self.initial = log, total, time.time(), initial
+        self.log, self.total, self.initial = log, total, initial
         self.mfu_label = mfu_label   # under FP8 the MFU is against the bf16 peak: said here
         self.bar = None
-        if log.is_main and sys.stdout.isatty():
+        self.t_first = None     # when this process's first step ended
+        self.prev = initial     # the step of the last line
+        self.counted = 0        # steps trained since the first step (re-runs after a rollback
+        #                         are not counted: the ETA is then briefly high, never low)
+
+    def first_step(self, step: int, seconds: float, next_row: "int | None") -> None:
+        """The first step of this process is done, in `seconds` (with start-up and warm-up);
+        `next_row`: the step of the first row, or None when this step is one."""
+        self.t_first, self.prev = time.time(), step
+        if self.log.is_main and sys.stdout.isatty():
             from tqdm.auto import tqdm
-            self.bar = tqdm(total=total, initial=initial, unit="step", dynamic_ncols=True)
+            self.bar = tqdm(total=self.total, initial=step, unit="step", dynamic_ncols=True)
+        if next_row is None:
+            return
+        line = (f"step {step:,}/{self.total:,} | first step {seconds:.1f} s (start-up and "
+                f"warm-up included) | loss from step {next_row:,}")
+        if self.bar is not None:
+            self.log.file_only(line)
+        else:
+            self.log.msg(line)
 
     def update(self, step: int, row: dict) -> None:
         stats = (f"loss {row['train/loss']:.4f} | lr {row['train/lr']:.2e} | "
@@ -201,9 +257,12 @@ class Progress:
                  f"{row['train/step_time'] * 1000:.0f} ms/step"
                  + (f" | mfu {row['train/mfu']:.1%}{self.mfu_label}" if "train/mfu" in row
                     else ""))
-        done = step - self.initial
-        eta = (time.time() - self.t0) / done * (self.total - step) if done > 0 else 0.0
-        line = f"step {step:,}/{self.total:,} | {stats} | ETA {hms(eta)}"
+        self.counted += max(0, step - self.prev)
+        self.prev = step
+        eta = "?"   # no step timed after the first one yet
+        if self.t_first is not None and self.counted:
+            eta = hms((time.time() - self.t_first) / self.counted * (self.total - step))
+        line = f"step {step:,}/{self.total:,} | {stats} | ETA {eta}"
         if self.bar is not None:  # the bar shows step, total and ETA itself
             self.bar.n = step
             self.bar.set_postfix_str(stats, refresh=True)

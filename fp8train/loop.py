@@ -6,23 +6,50 @@ them in order and reads top to bottom.
 """
 from __future__ import annotations
 
+import math
 import time
 
 import torch
 
-from .errors import EXIT_STOPPED
+from .errors import EXIT_STOPPED, as_reported
 from .loss import lm_loss
 from .schedule import lr_at
+from .signals import StopRequests, Stopped
 
 
-def train(cfg) -> int:
-    """Train the run `cfg` describes; returns the exit code (0 done, 3 stopped by a signal)."""
+def train(cfg, requests: StopRequests) -> int:
+    """Train the run `cfg` describes; returns the exit code (0 done, 3 stopped by a signal).
+    `requests`: the stop signals, handled from before torch loaded (signals.py). Whatever ends
+    the run goes into train.log as the console shows it."""
+    from accelerate import PartialState
+
     from .build import build
-    run = build(cfg)
-    if run is None:          # --plan_only, or nothing left to train
-        return 0
-    with run:
-        return Trainer(run).fit()
+    from .logger import Logger
+    log, failed = None, True
+    try:
+        # Without CUDA, say so up front: under torchrun that selects gloo (multi-process CPU).
+        state = PartialState(cpu=not torch.cuda.is_available())
+        log = Logger(state.is_main_process)
+        requests.announce = state.is_main_process
+        run = build(cfg, state, log, requests)
+        code = 0 if run is None else Trainer(run).fit()   # None: --plan_only, or no steps left
+        failed = False
+        return code
+    except Stopped as e:   # during start-up: nothing trained, nothing to save
+        if log is None:
+            raise
+        failed = False
+        log.preempting()
+        log.msg(e.describe())
+        return EXIT_STOPPED
+    except BaseException as e:
+        if log is not None:   # the console's line (cli reports it) or traceback, here too
+            from .batching import memory_hint
+            log.fatal(as_reported(e, memory_hint(cfg)))
+        raise
+    finally:
+        if log is not None:
+            log.finish(failed=failed)
 
 
 class Trainer:
@@ -42,25 +69,78 @@ class Trainer:
         stop_reason, at_target = None, False
         self.net.model.train()
         self.batches = self.feed.stream(st.data_position)
+        self.carry_in()
         p.meter.start()   # training time only: eval and checkpoints excluded
         p.wall.start()
-        with p.stopper:   # signal handlers stay installed until the report is written
+        with p.stopper:   # stop signals are acted on (at step boundaries) from here on
             try:
-                while st.step < total:
+                if self.run.eval_pending:   # the checkpoint's evaluation, abandoned at a stop
+                    at_target = self.eval_and_save(st.step >= total, None, redo=True)
+                    stop_reason = p.stopper.reason
+                started, first = time.perf_counter(), True
+                while st.step < total and not (stop_reason or at_target):
                     last = st.step + 1 == total
                     logged = p.meter.due(st.step + 1, last)
                     lr, grad_norm = self.train_step(logged)
+                    if first:
+                        self.first_step(time.perf_counter() - started, logged)
+                        first = False
+                    self.note_signal()
                     if logged and self.after_log_step(lr, grad_norm):
                         continue                       # rolled back to the last checkpoint
                     stop_reason = p.stopper.check(st.step, logged, last)
-                    if stop_reason and p.stopper.signalled:
-                        log.preempting()
                     at_target = self.eval_and_save(last, stop_reason)
-                    if stop_reason or at_target:
-                        break
+                    # an evaluation abandoned for a signal, or a signal during the save
+                    stop_reason = p.stopper.reason
             finally:
                 self.batches.close()
             return self.finish(stop_reason, at_target)
+
+    def first_step(self, seconds: float, logged: bool) -> None:
+        """Said at once, before the first log interval ends: a log file shows the run is
+        training, and the ETA is measured from here, after start-up and warm-up."""
+        if self.acc.device.type == "cuda":
+            torch.cuda.synchronize(self.acc.device)   # once: the step's real duration
+        if self.log.progress is not None:
+            self.log.progress.first_step(self.st.step, seconds,
+                                         None if logged else self.parts.meter.next_row(
+                                             self.st.step, self.feed.sched.total_steps))
+
+    def note_signal(self) -> None:
+        """The handler acknowledged a stop signal on the console; train.log gets it here."""
+        note = self.parts.stopper.note()
+        if note:
+            self.log.file_only(note)
+
+    def carry_in(self) -> None:
+        """The log interval the checkpoint was taken in, carried on: the next row averages the
+        same steps as it would have without the stop."""
+        st, h = self.st, self.net.health
+        if not st.interval_steps:
+            return
+        good = st.interval_steps - st.interval_bad
+        h.loss_sum.fill_(st.interval_loss_sum)
+        h.penalty_sum.fill_(st.interval_penalty_sum)
+        h.bad.fill_(st.interval_bad)
+        h.good.fill_(good)
+        h.loss_max.fill_(st.interval_loss_max if good else -math.inf)
+        self.parts.meter.carry(st.interval_steps)
+
+    def carry_out(self) -> None:
+        """The log interval in progress, into the train state the checkpoint saves: its loss sums
+        are on the device, so a checkpoint between log steps costs one host sync."""
+        st, h, steps = self.st, self.net.health, self.parts.meter.pending
+        st.interval_steps, st.interval_bad = steps, 0
+        st.interval_loss_sum = st.interval_penalty_sum = st.interval_loss_max = 0.0
+        if not steps:
+            return
+        # The logged loss is the mean over ranks of each rank's mean: carrying the ranks' mean
+        # sum gives the same number (exactly so on one process).
+        vals = self.acc.reduce(torch.stack([h.loss_sum, h.penalty_sum, h.loss_max, h.bad]),
+                               "mean").tolist()
+        st.interval_loss_sum, st.interval_penalty_sum = vals[0], vals[1]
+        st.interval_bad = int(vals[3])
+        st.interval_loss_max = vals[2] if math.isfinite(vals[2]) else 0.0
 
     def train_step(self, watched: bool):
         """One optimizer step over this rank's micro-batches; returns its LR and gradient norm
@@ -129,32 +209,45 @@ class Trainer:
         p.meter.pause()
         self.batches.close()
         p.recovery.roll_back(st)
+        self.carry_in()
         self.batches = self.feed.stream(st.data_position)
         p.meter.resume()
         return True
 
-    def eval_and_save(self, last: bool, stop_reason) -> bool:
+    def eval_and_save(self, last: bool, stop_reason, redo: bool = False) -> bool:
         """Evaluate and checkpoint when due; True when the target was reached and the run stops
-        there (stop_at_target)."""
+        there (stop_at_target). `redo`: the evaluation of the step the run resumed at, which a
+        stop abandoned (its checkpoint exists: saved again only to record a target)."""
         st, p = self.st, self.parts
         signalled = p.stopper.signalled
-        do_eval = p.evaluator.due(st.step, last, bool(stop_reason) and not signalled)
-        do_ckpt = p.checkpointer.due(st.step, last, bool(stop_reason))
+        # A signal leaves its time to the checkpoint: an evaluation due now runs on --resume.
+        do_eval = redo or (not signalled and
+                           p.evaluator.due(st.step, last, bool(stop_reason)))
+        do_ckpt = not redo and p.checkpointer.due(st.step, last, bool(stop_reason))
         if not (do_eval or do_ckpt):
             return False
         at_target = False
         p.meter.pause()
-        # A target reached is saved, and with stop_at_target ends the run here.
-        if do_eval and p.evaluator.run(self.net.model, st, st.train_seconds + p.meter.banked(),
-                                       p.wall):
-            do_ckpt = True
-            at_target = p.evaluator.ev.stop_at_target and not last and not stop_reason
+        if do_eval:
+            reached = p.evaluator.run(self.net.model, st, st.train_seconds + p.meter.banked(),
+                                      p.wall, p.stopper)
+            if reached is None:    # abandoned: every rank agreed on a stop signal
+                self.note_signal()
+                self.log.msg(f"evaluation at step {st.step:,} abandoned: {p.stopper.reason}; "
+                             "no val row for it: it runs when the run resumes")
+                do_ckpt = not redo
+            elif reached:   # a target reached is saved, and with stop_at_target ends the run
+                do_ckpt = True
+                at_target = p.evaluator.ev.stop_at_target and not last and not stop_reason
         if do_ckpt:
-            final = bool(last or stop_reason or at_target)
+            final = bool(last or p.stopper.reason or at_target)
             if final:   # the steps since the last log line count too
                 st.train_seconds += p.meter.collect()
+            self.carry_out()
             if p.checkpointer.save(st, final, p.wall(), p.recovery.in_streak):
                 p.recovery.saved(st.step)
+                if not final:   # a signal during the save: this checkpoint is the stop's
+                    p.stopper.interrupts(0)
         p.meter.resume()
         return at_target
 
@@ -162,6 +255,9 @@ class Trainer:
         """The closing line and the end-of-run report (log, summary.json, W&B summary)."""
         st, p = self.st, self.parts
         exit_code = EXIT_STOPPED if p.stopper.signalled else 0
+        if exit_code == EXIT_STOPPED:
+            self.note_signal()
+            self.log.preempting()
         if self.log.progress is not None:
             self.log.progress.close()
         done = f"stopped early: {stop_reason}; resume with --resume" if stop_reason else \

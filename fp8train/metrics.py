@@ -138,7 +138,22 @@ class Meter:
         self.peak = peak_flops(device_name(device)) if device.type == "cuda" else None
         self.clock = TrainClock(device)
         self.steps, self.data_wait, self.first = 0, 0.0, True
+        self.carried = 0      # steps of this interval taken before the checkpoint resumed here
         self.last_steps = 0   # the steps of the interval last logged
+
+    @property
+    def pending(self) -> int:
+        """Steps of the interval in progress (not logged yet), those before a resume included."""
+        return self.steps + self.carried
+
+    def carry(self, steps: int) -> None:
+        """The interval in progress began before the checkpoint this process resumed from: its
+        row covers those steps too (their losses are carried; tokens/s is this process's)."""
+        self.carried = steps
+
+    def next_row(self, step: int, total: int) -> int:
+        """The step of the first row after `step`."""
+        return min((step // self.log_interval + 1) * self.log_interval, total)
 
     def due(self, step: int, last: bool) -> bool:
         """Whether step `step` ends a log interval (decided before it runs: it is watched)."""
@@ -185,7 +200,8 @@ class Meter:
                             self.flops_per_token, self.peak),
                "train/data_wait_fraction":
                    min(1.0, self.data_wait / elapsed) if elapsed > 0 else 0.0}
-        self.last_steps, self.steps, self.data_wait = self.steps, 0, 0.0
+        self.last_steps, self.steps, self.data_wait = self.pending, 0, 0.0
+        self.carried = 0
         return row
 
     def memory(self) -> dict:

@@ -10,7 +10,7 @@ import torch
 
 from . import autobatch
 from .batching import BatchPlan, manual_plan
-from .config import Config, ConfigError
+from .config import Config
 from .loss import lm_loss
 from .model import GPT
 from .optimizer import build_optimizer
@@ -23,6 +23,13 @@ class RunLength:
     total_steps: int        # when training stops (epochs / max_steps)
     lr_steps: int           # length of the LR schedule
     steps_per_epoch: int
+    warmup_steps: int       # the warmup the schedule uses: the config's, or shortened
+    warmup_note: str = ""   # why it was shortened (a warning), or ""
+
+
+# A warmup not shorter than its schedule becomes this fraction of it: a short run of a longer
+# config (`--max_steps=20` over a warmup of 30) still warms up, and still decays.
+SHORTENED_WARMUP = 0.1
 
 
 def run_length(cfg: Config, train_tokens: int, plan: BatchPlan) -> RunLength:
@@ -33,12 +40,15 @@ def run_length(cfg: Config, train_tokens: int, plan: BatchPlan) -> RunLength:
         cfg.max_steps) if s is not None]
     total = min(candidates)
     lr_steps = cfg.lr_decay_steps or total
-    if cfg.warmup_steps >= lr_steps:
-        what = "lr_decay_steps" if cfg.lr_decay_steps else \
-            f"the run's total steps (num_epochs {cfg.num_epochs} × {steps_per_epoch} steps/epoch)"
-        raise ConfigError(f"{cfg.source}: key 'warmup_steps' ({cfg.warmup_steps}) must be "
-                          f"smaller than {what} = {lr_steps}")
-    return RunLength(total, lr_steps, steps_per_epoch)
+    warmup, note = cfg.warmup_steps, ""
+    if warmup >= lr_steps:     # contradictions were refused as the config loaded
+        warmup = int(lr_steps * SHORTENED_WARMUP)
+        what = "lr_decay_steps" if cfg.lr_decay_steps else "the run's"
+        note = (f"warmup_steps ({cfg.warmup_steps}, "
+                f"{cfg.origins.get('warmup_steps', 'the default')}) is not shorter "
+                f"than {what} {lr_steps} steps: warming up for {warmup} steps instead "
+                f"({SHORTENED_WARMUP:.0%} of the schedule)")
+    return RunLength(total, lr_steps, steps_per_epoch, warmup, note)
 
 
 @dataclass(frozen=True)

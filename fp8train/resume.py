@@ -11,16 +11,18 @@ from .errors import ConfigError
 from .schedule import lr_at
 
 
-def choose_checkpoint(resume: str, manager: CheckpointManager, log) -> "tuple[str | None, list]":
+def choose_checkpoint(resume: str, manager: CheckpointManager, log,
+                      asked: str = "auto") -> "tuple[str | None, list]":
     """The verified checkpoint to resume from (None: start fresh), chosen by rank 0, which reads
     and checksums the files once, and the notes of what verification found: (log.warn or
     log.msg, text) to say once train.log is open. When no checkpoint will do, the reasons each
-    was refused are said before the refusal's own error."""
+    was refused are said before the refusal's own error. `asked`: the config's resume, when
+    `resume` was decided for the run (a sweep trial resumes its own directory unasked)."""
     notes: list = []
     try:
         found = agreement.on_rank0(lambda: resolve_resume(
             resume, manager, warn=lambda m: notes.append((log.warn, m)),
-            info=lambda m: notes.append((log.msg, m))))
+            info=lambda m: notes.append((log.msg, m)), announce=asked == resume))
     except ConfigError:
         for say, msg in notes:
             if say == log.warn:
@@ -67,7 +69,8 @@ def warn_schedule_change(checkpoint: str, lr_args: dict, step: int,
     if not isinstance(before, int) or before == now:
         return
     old = lr_at(step, **dict(lr_args, total_steps=before,
-                             max_lr=saved.get("peak_learning_rate", lr_args["max_lr"])))
+                             max_lr=saved.get("peak_learning_rate", lr_args["max_lr"]),
+                             warmup_steps=saved.get("warmup_steps", lr_args["warmup_steps"])))
     new = lr_at(step, **lr_args)
     warn(f"the LR schedule is now {now:,} steps long, the checkpoint's run had {before:,} (the "
          f"cosine follows the run's length, which changed): the LR at step {step + 1:,} is "

@@ -116,7 +116,10 @@ class Config:
     learning_rate: float = _key(6e-4, "peak learning rate (after warmup)", "optimizer", gt=0.0)
     min_lr_ratio: float = _key(0.1, "final LR as a fraction of learning_rate (cosine decay)",
                                "optimizer", min=0.0, max=1.0)
-    warmup_steps: int = _key(2000, "linear warmup steps", "optimizer", min=0)
+    warmup_steps: int = _key(
+        2000, "linear warmup steps; one not shorter than the LR schedule is shortened to 10% of "
+        "it, with a warning (refused when set in the same place as max_steps or lr_decay_steps, "
+        "or after it)", "optimizer", min=0)
     lr_decay_steps: Optional[int] = _key(
         None, "length of the LR schedule in optimizer steps; default the run's total steps",
         "optimizer", min=1)
@@ -233,9 +236,18 @@ class Config:
     wandb_tags: list = _key([], "W&B tags", "wandb", resume="free")
     # WANDB_MODE=offline|disabled and WANDB_API_KEY are read by W&B itself, as usual.
 
-    # Where the values came from, for error messages; not a key.
+    # Where the values came from, for error messages; not keys. `source`: the config file (or
+    # "<defaults>"); `origins`: key -> the file or the command-line option that set it.
     source: str = field(default="<defaults>", repr=False, compare=False,
                         metadata=dict(internal=True))
+    origins: dict = field(default_factory=dict, repr=False, compare=False,
+                          metadata=dict(internal=True))
+
+    def where(self, *keys: str) -> str:
+        """Where the values of `keys` came from, for an error about them: the options and files
+        that set them (defaults left out), else the config file."""
+        found = [self.origins[k] for k in keys if k in self.origins]
+        return ", ".join(dict.fromkeys(found)) or self.source
 
     def __post_init__(self):
         if self.eval_interval is None:   # a target is noticed sooner with more evaluations
@@ -334,21 +346,40 @@ def section(cfg: Config, group: str):
     return cls(**{f.name: getattr(cfg, f.name) for f in fields(cls)})
 
 
+HELP_WIDTH = 100
+_HELP_TYPES = {"int": "INT", "float": "FLOAT", "bool": "BOOL", "str": "TEXT",
+               "list": "LIST (a,b or [a, b])"}
+
+USAGE = "usage: train_fp8.py --config FILE [--key=value | --key value ...]"
+
+
 def help_text() -> str:
-    out = ["usage: train_fp8.py --config FILE [--key=value | --key value ...]",
-           "",
-           "Train a GPT-style model. Every config key below can be set in the YAML file or",
-           "overridden on the command line (the command line wins). Booleans also take a bare",
-           "--key (true) or --no_key (false); --no_fp8 = --use_fp8=false; bare --resume = auto.",
-           "Exit codes: 0 done, 2 bad config or input, 3 stopped by a signal (resumable), 1 other."]
+    """`--help`: how the command line works, then every key with its type, default and doc,
+    in lines of at most HELP_WIDTH characters."""
+    import textwrap
+    out = [USAGE, ""]
+    intro = (
+        "Train a GPT-style model. Every key below can be set in the YAML file given with "
+        "--config or on the command line, which wins; a key given twice on the command line "
+        "takes the last value. Options are spelled --key=value or --key value (--seq-len = "
+        "--seq_len). Values are read as YAML scalars (3e-4, null, [a, b]). Booleans are true "
+        "or false; a bare --key means true and --no_key false (--no_fp8 = --use_fp8=false); a "
+        "bare --resume means auto. Shipped configs: configs/*.yaml (configs/test_fp8.yaml runs "
+        "on a CPU). Exit codes: 0 done, 2 bad config or input (one line), 3 stopped by a "
+        "signal after a checkpoint (resumable), 1 anything else.")
+    out += textwrap.wrap(intro, HELP_WIDTH)
     for group in GROUPS:
-        out.append("")
-        out.append(f"{group}:")
+        out += ["", f"{group}:"]
         for f in key_fields():
             if f.metadata["group"] != group:
                 continue
             default = default_of(f)
-            shown = "null" if default is None else (str(default).lower()
-                                                     if isinstance(default, bool) else default)
-            out.append(f"  --{f.name:<30} {f.metadata['doc']} [default: {shown}]")
+            shown = "null" if default is None else str(default).lower() \
+                if isinstance(default, bool) else default
+            kind = _describe(f, types=_HELP_TYPES, choices="{{{}}}", join="|")
+            head, tail = f"  --{f.name} {kind}", f"[default: {shown}]"
+            out += [f"{head}  {tail}"] if len(head) + 2 + len(tail) <= HELP_WIDTH else \
+                [head, f"      {tail}"]
+            out += textwrap.wrap(f.metadata["doc"], HELP_WIDTH, initial_indent="      ",
+                                 subsequent_indent="      ")
     return "\n".join(out)

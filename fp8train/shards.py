@@ -11,6 +11,7 @@ from __future__ import annotations
 import json
 import os
 import struct
+import time
 from dataclasses import dataclass
 
 import numpy as np
@@ -22,6 +23,7 @@ VERSION = 1
 HEADER_BYTES = 1024
 _HEADER = struct.Struct("<8sIIQII256s")
 META_FILE = "meta.json"
+CHECKED_FILE = "token_ids_checked.json"   # the largest id in each shard's body, as scanned
 
 
 def dtype_for_vocab(vocab_size: int) -> np.dtype:
@@ -107,3 +109,46 @@ def write_meta(directory: str, meta: dict) -> None:
     with open(tmp, "w", encoding="utf-8") as fh:
         json.dump(meta, fh, indent=1, sort_keys=True)
     os.replace(tmp, os.path.join(directory, META_FILE))
+
+
+def body_max_ids(directory: str, names: list, log=print) -> dict:
+    """The largest token id in the body of each shard `names` of `directory`: a vectorised max
+    over the memory map, done once and recorded in CHECKED_FILE beside the shards, keyed by each
+    shard's size and modification time, so a shard that changed since is scanned again. The
+    header's own max is not enough: it is written by whatever wrote the shard. A directory that
+    cannot be written (a read-only shared copy) is scanned on every run."""
+    record_path = os.path.join(directory, CHECKED_FILE)
+    try:
+        with open(record_path, encoding="utf-8") as fh:
+            record = json.load(fh)
+    except (OSError, ValueError):
+        record = {}
+    record = record if isinstance(record, dict) else {}
+    out, fresh, scanned, t0 = {}, {}, 0, time.time()
+    for name in names:
+        path = os.path.join(directory, name)
+        st = os.stat(path)
+        seen = record.get(name)
+        if isinstance(seen, dict) and seen.get("size") == st.st_size and \
+                seen.get("mtime_ns") == st.st_mtime_ns and isinstance(seen.get("max_token"), int):
+            out[name] = seen["max_token"]
+        else:
+            tokens = open_shard(path)
+            out[name] = int(tokens.max()) if len(tokens) else 0
+            scanned += len(tokens)
+        fresh[name] = dict(size=st.st_size, mtime_ns=st.st_mtime_ns, max_token=out[name])
+    if fresh != record:
+        note = f"recorded in {record_path}"
+        try:
+            tmp = f"{record_path}.{os.getpid()}.tmp"
+            with open(tmp, "w", encoding="utf-8") as fh:
+                json.dump(fresh, fh, indent=1, sort_keys=True)
+            os.replace(tmp, record_path)
+        except OSError as e:
+            if os.path.exists(tmp):
+                os.remove(tmp)
+            note = (f"not recorded ({e.strerror or e}: '{directory}' is not writable), so every "
+                    "run checks them again")
+        log(f"data: checked every token id of {len(names)} shard{'s' * (len(names) != 1)} "
+            f"({scanned:,} tokens scanned) in {time.time() - t0:.2f} s; {note}")
+    return out

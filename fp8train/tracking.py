@@ -124,12 +124,26 @@ class Tracker:
                 return
             self.warn(f"W&B: {one_line(e)}; continuing offline (sync later with `wandb sync "
                       f"{self.run.settings.sync_dir}`)")
+            said_sync = True
+        else:
+            said_sync = False
         self.active = True
         mode = self.run.settings.mode
-        where = {"online": self.run.url, "offline": self.run.settings.sync_dir}.get(mode)
-        self.info(f"W&B: run {self.run.id} ({mode})" + (f": {where}" if where else ""))
+        # run.url is read online only: offline, reading it makes W&B print a warning
+        where = self.run.url if mode == "online" else \
+            self.run.settings.sync_dir if mode == "offline" else None
+        hint = f" (sync it with `wandb sync {where}`)" if mode == "offline" and not said_sync \
+            else ""
+        self.info(f"W&B: run {self.run.id} ({mode})" + (f": {where}" if where else "") + hint)
 
     def _init(self, cfg, config: dict, init: dict) -> None:
+        import wandb
+        # W&B's own console output (its banner, and at the end the run's history and summary,
+        # some 50 lines) is left out: start()'s one "W&B: run ..." line says where the run is
+        # and how to sync it. Online, W&B's errors and warnings still show.
+        offline = init.get("mode") == "offline" or \
+            os.environ.get("WANDB_MODE", "").lower() in ("offline", "dryrun")
+        init = dict(init, settings=wandb.Settings(quiet=True, silent=offline))
         self.acc.init_trackers(cfg.wandb_project, config=config, init_kwargs={"wandb": init})
         self.run = self.acc.get_tracker("wandb", unwrap=True)
         # Our `step` is the x-axis, not W&B's own counter: a resumed run re-logs the steps

@@ -26,6 +26,13 @@ class TrainState:
         self.time_to_target_s = None
         self.tokens_to_target = None
         self.checkpoints_written = 0
+        # the log interval a checkpoint between log steps was taken in (carried into the next
+        # row on resume): its steps, skipped steps, and the ranks' mean loss sums and loss max
+        self.interval_steps = 0
+        self.interval_bad = 0
+        self.interval_loss_sum = 0.0
+        self.interval_penalty_sum = 0.0
+        self.interval_loss_max = 0.0
 
     def to_dict(self) -> dict:
         return dict(vars(self))

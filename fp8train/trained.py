@@ -160,7 +160,7 @@ def plain_state(state: dict) -> dict:
 def load(path: str, device: str | torch.device = "cpu", warn=None, info=None) -> Trained:
     """The model of `path` (a checkpoint, or a run directory: its newest good checkpoint) as a
     plain GPT in fp32 on `device`, in eval mode. ConfigError for anything unusable."""
-    checkpoint = find_checkpoint(path, "checkpoint", warn, info)
+    checkpoint = find_checkpoint(path, "", warn, info)
     cfg, derived = run_config(checkpoint)
     mcfg = model_config(cfg, derived)
     with torch.device("meta"):

@@ -317,4 +317,5 @@ def main(argv=None) -> int:
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    from fp8train.console import run_main   # a closed stdout (| head): no traceback
+    sys.exit(run_main(main))

@@ -111,4 +111,6 @@ def main():
 
 
 if __name__ == "__main__":
-    main()
+    import sys
+    from fp8train.console import run_main   # a closed stdout (| head): no traceback
+    sys.exit(run_main(main))

@@ -5,11 +5,13 @@ against time.
     python scripts/compare_runs.py runs/fineweb_bf16 runs/fineweb_fp8
     python scripts/compare_runs.py runs/a runs/b runs/c --out runs/compare --x tokens
 
-The table (markdown, printed, and written to OUT/compare.md with --out) comes from each run's
-summary.json; a run without one (still running, or killed) is read from its metrics.jsonl and
-config.yaml as far as they go, and marked so. The PNG (OUT/val_loss.png, default OUT: the current
-directory's compare/) plots each run's val/loss against wall time (--x wall, the default),
-training time (--x train: evaluation and checkpoints excluded) or tokens (--x tokens).
+The table (markdown, printed, and written to OUT/compare.md) starts with the config keys whose
+values differ between the runs (from each run's config.yaml: a sweep's parameters, for
+instance), then each run's end-of-run report from its summary.json; a run without one (still
+running, or killed) is read from its metrics.jsonl as far as it goes, and marked so. The PNG
+(OUT/val_loss.png, default OUT: the current directory's compare/) plots each run's val/loss
+against wall time (--x wall, the default), training time (--x train: evaluation and
+checkpoints excluded) or tokens (--x tokens).
 Exit 0: compared; 2: bad input.
 """
 import argparse
@@ -18,7 +20,7 @@ import os
 import sys
 
 from fp8train.errors import EXIT_OK, ConfigError, run_reported
-from fp8train.metrics_reader import load_rows
+from fp8train.metrics_reader import load_rows, read_run_config
 
 # (label, summary key or function of the summary, format)
 ROWS = [
@@ -52,6 +54,8 @@ ROWS = [
     ("rollbacks", "rollbacks", "{:,}"),
     ("checkpoints written", "checkpoints_written", "{:,}"),
 ]
+# Keys that name or locate a run rather than configure its training: never a difference.
+NOT_COMPARED = ("output_dir", "resume", "plan_only", "derived")
 X_AXES = {"wall": ("time/wall_s", "wall time (min)", 1 / 60),
           "train": ("time/train_s", "training time (min)", 1 / 60),
           "tokens": ("tokens", "tokens (millions)", 1e-6)}
@@ -66,10 +70,16 @@ def _hms(seconds):
 
 def read_run(run_dir: str) -> tuple[dict, list]:
     """(summary, metrics rows). Without summary.json, a partial summary from the metrics."""
-    if not os.path.isdir(run_dir):
+    if not os.path.exists(run_dir):
         raise ConfigError(f"run directory '{run_dir}' does not exist")
+    if not os.path.isdir(run_dir):
+        raise ConfigError(f"'{run_dir}' is a file, not a run directory")
     metrics = os.path.join(run_dir, "metrics.jsonl")
-    rows = load_rows(metrics) if os.path.isfile(metrics) else []
+    try:
+        rows = load_rows(metrics) if os.path.isfile(metrics) else []
+    except (OSError, UnicodeDecodeError) as e:
+        raise ConfigError(f"cannot read '{metrics}': {getattr(e, 'strerror', None) or e}") \
+            from None
     path = os.path.join(run_dir, "summary.json")
     if os.path.isfile(path):
         try:
@@ -93,16 +103,37 @@ def read_run(run_dir: str) -> tuple[dict, list]:
     return summary, rows
 
 
-def table(names: list, summaries: list) -> str:
+def differing_keys(configs: list) -> list:
+    """The config keys whose values differ between the runs that have a config.yaml."""
+    known = [c for c in configs if c]
+    keys = sorted({k for c in known for k in c if k not in NOT_COMPARED})
+    return [k for k in keys if len({json.dumps(c.get(k), sort_keys=True, default=str)
+                                    for c in known}) > 1] if len(known) > 1 else []
+
+
+def _config_cell(config: dict, key: str) -> str:
+    if not config:
+        return "–"
+    v = config.get(key)
+    return v if isinstance(v, str) else json.dumps(v, default=str)   # as YAML: true, null
+
+
+def table(names: list, summaries: list, configs: list = ()) -> str:
+    """The markdown table: the differing config keys first (`config: KEY` rows), then the
+    end-of-run report."""
+    configs = list(configs) or [{} for _ in names]
     lines = ["| | " + " | ".join(names) + " |", "| --- |" + " --- |" * len(names)]
+    for key in differing_keys(configs):
+        lines.append(f"| config: {key} | " + " | ".join(_config_cell(c, key) for c in configs)
+                     + " |")
     for label, key, fmt in ROWS:
         cells = []
         for s in summaries:
             try:
                 v = key(s) if callable(key) else s.get(key)
-            except (KeyError, TypeError):
-                v = None
-            cells.append("–" if v is None else fmt.format(v))
+                cells.append("–" if v is None else fmt.format(v))
+            except (KeyError, TypeError, ValueError):   # a summary.json edited or damaged
+                cells.append("–")
         if any(c != "–" for c in cells):
             lines.append(f"| {label} | " + " | ".join(cells) + " |")
     return "\n".join(lines)
@@ -150,18 +181,25 @@ def main(argv=None) -> int:
 
 def compare(a) -> int:
     """The table (printed and written) and the plot; ConfigError for bad input."""
+    seen = {}
+    for d in a.run_dirs:
+        real = os.path.realpath(d)
+        if real in seen:
+            raise ConfigError(f"run directory '{d}' is given twice (as '{seen[real]}' too)")
+        seen[real] = d
     runs = [read_run(d) for d in a.run_dirs]
+    configs = [read_run_config(d) for d in a.run_dirs]
     names = [os.path.basename(os.path.normpath(d)) for d in a.run_dirs]
     if len(set(names)) < len(names):   # same leaf name: show the parent too
         names = [os.path.join(*os.path.normpath(d).split(os.sep)[-2:]) for d in a.run_dirs]
-    md = table(names, [s for s, _ in runs])
-    print(md)
+    md = table(names, [s for s, _ in runs], configs)
     try:
         os.makedirs(a.out, exist_ok=True)
         with open(os.path.join(a.out, "compare.md"), "w", encoding="utf-8") as fh:
             fh.write(md + "\n")
     except OSError as e:
         raise ConfigError(f"cannot write to '{a.out}': {e.strerror or e}") from None
+    print(md)
     if not a.no_plot:
         import importlib.util
         if importlib.util.find_spec("matplotlib") is None:
@@ -175,4 +213,5 @@ def compare(a) -> int:
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    from fp8train.console import run_main   # a closed stdout (| head): no traceback
+    sys.exit(run_main(main))

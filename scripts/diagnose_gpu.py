@@ -30,4 +30,5 @@ import sys
 from fp8train.diagnose import main
 
 if __name__ == "__main__":
-    sys.exit(main())
+    from fp8train.console import run_main   # a closed stdout (| head): no traceback
+    sys.exit(run_main(main))

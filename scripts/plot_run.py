@@ -10,9 +10,12 @@ import re
 import sys
 
 from fp8train.errors import EXIT_OK, ConfigError, run_reported
-from fp8train.metrics_reader import load_rows
+from fp8train.metrics_reader import load_rows, lr_schedule, read_run_config, resume_steps
 
 LAYER_SCALE = re.compile(r"^fp8/(.+)/((?:fwd|bwd)_scale_\w+)$")
+MAX_NAMED_LAYERS = 12       # more per-layer lines than this: the extremes are named
+RESUMED_LABEL = "resumed"
+SCHEDULE_LABEL = "schedule (config.yaml)"
 
 
 def series(rows: list, key: str):
@@ -34,8 +37,10 @@ def main(argv=None) -> int:
 def read_metrics(run_dir: str) -> list:
     """The run's metrics rows; ConfigError when there are none to plot."""
     path = os.path.join(run_dir, "metrics.jsonl")
-    if not os.path.isdir(run_dir):
+    if not os.path.exists(run_dir):
         raise ConfigError(f"run directory '{run_dir}' does not exist")
+    if not os.path.isdir(run_dir):
+        raise ConfigError(f"'{run_dir}' is a file, not a run directory")
     if not os.path.isfile(path):
         raise ConfigError(f"no metrics.jsonl in '{run_dir}' (expected '{path}')")
     try:
@@ -70,26 +75,35 @@ def _out_dir(a) -> str:
 
 
 class Plots:
-    """The figures of one run, each saved as OUT/<name>.png and announced on stdout."""
+    """The figures of one run. Each method returns its figure (None, with the reason printed,
+    when the run logged nothing for it); `save` writes it as OUT/<name>.png."""
 
-    def __init__(self, plt, rows: list, out: str, run_name: str):
-        self.plt, self.rows, self.out, self.run_name = plt, rows, out, run_name
+    def __init__(self, plt, rows: list, run_name: str, resumes=(), schedule=None):
+        """`resumes`: the steps where the run was resumed (a vertical line on every plot);
+        `schedule`: (steps, lrs) of the whole LR schedule, or None."""
+        self.plt, self.rows, self.run_name = plt, rows, run_name
+        self.resumes, self.schedule = list(resumes), schedule
         self.keys = {k for r in rows for k in r}
 
-    def save(self, fig, fname: str) -> None:
+    def save(self, fig, out: str, fname: str) -> None:
         fig.supxlabel("optimizer step", fontsize="medium")
         fig.suptitle(f"{self.run_name}: {fname[:-4].replace('_', ' ')}")
         fig.tight_layout()
-        dest = os.path.join(self.out, fname)
-        fig.savefig(dest, dpi=100)
+        dest = os.path.join(out, fname)
+        fig.savefig(dest, dpi=100, bbox_inches="tight")   # legends outside the axes included
         self.plt.close(fig)
         print(f"wrote {dest}")
 
-    def simple(self, fname: str, ylabel: str, plot_keys, why: str, logy=False) -> None:
+    def mark_resumes(self, ax) -> None:
+        for i, step in enumerate(self.resumes):
+            ax.axvline(step, color="crimson", linestyle="--", linewidth=1,
+                       label=RESUMED_LABEL if i == 0 else None)
+
+    def simple(self, fname: str, ylabel: str, plot_keys, why: str, logy=False):
         present = [k for k in plot_keys if k in self.keys]
         if not present:
             print(f"{fname}: skipped ({why})")
-            return
+            return None
         fig, ax = self.plt.subplots(figsize=(9, 4.5))
         for k in present:
             ax.plot(*series(self.rows, k), marker="o" if k.startswith("val/") else None,
@@ -97,88 +111,147 @@ class Plots:
         if logy:
             ax.set_yscale("log")
         ax.set_ylabel(ylabel)
+        self.mark_resumes(ax)
         ax.legend()
-        self.save(fig, fname)
+        return fig
 
-    def throughput(self) -> None:
+    def lr(self):
+        """The whole schedule from step 0 (warmup included, computed from config.yaml as the
+        trainer computes it) with the logged train/lr on it."""
+        logged = series(self.rows, "train/lr")
+        if self.schedule is None and not logged[0]:
+            print("lr.png: skipped (no train/lr, and no config.yaml to compute the schedule)")
+            return None
+        fig, ax = self.plt.subplots(figsize=(9, 4.5))
+        if self.schedule is not None:
+            ax.plot(*self.schedule, color="C0", label=SCHEDULE_LABEL)
+        else:
+            print("lr.png: the logged train/lr only (no readable config.yaml with the "
+                  "schedule)")
+        if logged[0]:
+            ax.plot(*logged, linestyle="none", marker="o", markersize=3, color="C1",
+                    label="train/lr (logged)")
+        self.mark_resumes(ax)
+        ax.set_xlim(left=0)
+        ax.set_ylim(bottom=0)
+        ax.set_ylabel("learning rate")
+        ax.legend()
+        return fig
+
+    def throughput(self):
         if "train/tokens_per_sec" not in self.keys:
             print("throughput.png: skipped (no train/tokens_per_sec)")
-            return
+            return None
         fig, ax = self.plt.subplots(figsize=(9, 4.5))
         ax.plot(*series(self.rows, "train/tokens_per_sec"), label="tokens/s")
         ax.set_ylabel("tokens/s (all devices)")
+        self.mark_resumes(ax)
+        handles = ax.get_lines()
         if "train/mfu" in self.keys:
             steps, mfu = series(self.rows, "train/mfu")
             ax2 = ax.twinx()
             ax2.grid(False)
             ax2.plot(steps, [100 * m for m in mfu], color="C1", label="MFU")
             ax2.set_ylabel("MFU (%)")
-            ax.legend(handles=ax.get_lines() + ax2.get_lines())
-        self.save(fig, "throughput.png")
+            handles = handles + ax2.get_lines()
+        ax.legend(handles=handles)
+        return fig
 
-    def fp8_scales(self, layers: bool) -> None:
+    def fp8_scales(self, layers: bool):
         keys = self.keys
         agg = [k for k in ("fp8/fwd_scale", "fp8/bwd_scale", "fp8/amax") if k in keys]
         frac = [k for k in ("fp8/saturated", "fp8/underflow") if k in keys]
         layer = sorted(k for k in keys if LAYER_SCALE.match(k)) if layers else []
         if not any(k.startswith("fp8/") for k in keys):
             print("fp8_scales.png: skipped (no fp8/* metrics: not an FP8 run)")
-            return
+            return None
         if not agg + frac + layer:
             print("fp8_scales.png: skipped (no fp8 scale, amax or saturation metrics)")
-            return
+            return None
         if layers and not layer:
             print("fp8_scales.png: no per-layer fp8/<layer>/*_scale_* metrics logged")
-        panels = [x for x in (agg, frac, layer) if x]
+        roles = sorted({LAYER_SCALE.match(k).group(2) for k in layer})
+        panels = [x for x in (agg, frac) if x] + roles
         fig, axes = self.plt.subplots(len(panels), 1, figsize=(9, 3.5 * len(panels)),
                                       sharex=True, squeeze=False)
-        for ax, keys_ in zip(axes[:, 0], panels):
-            if keys_ is layer:
-                self._layer_panel(ax, layer)
+        for ax, panel in zip(axes[:, 0], panels):
+            if isinstance(panel, str):
+                self._layer_panel(ax, panel, [k for k in layer
+                                              if LAYER_SCALE.match(k).group(2) == panel])
+                continue
+            for k in panel:
+                ax.plot(*series(self.rows, k), label=k)
+            if panel is frac:
+                ax.set_yscale("symlog", linthresh=1e-6)
+                ax.set_ylim(bottom=0)
+                ax.set_ylabel("fraction of elements")
             else:
-                for k in keys_:
-                    ax.plot(*series(self.rows, k), label=k)
-                if keys_ is frac:
-                    ax.set_yscale("symlog", linthresh=1e-6)
-                    ax.set_ylim(bottom=0)
-                    ax.set_ylabel("fraction of elements")
-                else:
-                    ax.set_yscale("log")
-                    ax.set_ylabel("scale / amax")
+                ax.set_yscale("log")
+                ax.set_ylabel("scale / amax")
+            self.mark_resumes(ax)
             ax.legend(fontsize="small")
-        self.save(fig, "fp8_scales.png")
+        return fig
 
-    def _layer_panel(self, ax, layer: list) -> None:
-        """One thin line per layer, coloured by tensor role."""
-        roles = sorted({LAYER_SCALE.match(k).group(2) for k in layer})
-        for k in layer:
-            i = roles.index(LAYER_SCALE.match(k).group(2))
-            ax.plot(*series(self.rows, k), color=f"C{i}", lw=0.8, alpha=0.6)
-        for i, role in enumerate(roles):
-            ax.plot([], [], color=f"C{i}", label=f"per layer: {role}")
+    def _layer_panel(self, ax, role: str, keys: list) -> None:
+        """One line per layer for one tensor role, named in a legend beside the axes. With
+        more layers than a legend can name readably, the ones that end highest and lowest
+        are named and the rest drawn in grey."""
+        last = {k: series(self.rows, k)[1][-1] for k in keys if series(self.rows, k)[1]}
+        named = set(keys)
+        if len(keys) > MAX_NAMED_LAYERS:
+            ranked = sorted(last, key=last.get)
+            half = MAX_NAMED_LAYERS // 2
+            named = set(ranked[:half] + ranked[-half:])
+        colour = iter(self.plt.get_cmap("tab20").colors)
+        for k in keys:
+            if k in named:
+                ax.plot(*series(self.rows, k), lw=1, color=next(colour),
+                        label=LAYER_SCALE.match(k).group(1))
+            else:
+                ax.plot(*series(self.rows, k), lw=0.6, color="0.6", alpha=0.6)
+        if len(named) < len(keys):
+            ax.plot([], [], lw=0.6, color="0.6",
+                    label=f"{len(keys) - len(named)} other layers")
+        self.mark_resumes(ax)
         ax.set_yscale("log")
-        ax.set_ylabel("per-layer scale")
+        ax.set_ylabel(role)
+        ax.set_title(f"per layer: {role}", fontsize="medium")
+        ax.legend(fontsize="x-small", loc="upper left", bbox_to_anchor=(1.01, 1.0),
+                  borderaxespad=0)
 
 
 def plot_run(a) -> int:
     """Every plot of the run a.run_dir; ConfigError for bad input."""
     rows = read_metrics(a.run_dir)
     plt = _pyplot()
-    plots = Plots(plt, rows, _out_dir(a), os.path.basename(os.path.abspath(a.run_dir)))
+    out = _out_dir(a)
+    plots = Plots(plt, rows, os.path.basename(os.path.abspath(a.run_dir)),
+                  resumes=resume_steps(a.run_dir),
+                  schedule=lr_schedule(read_run_config(a.run_dir)))
     loss_keys = ["train/loss", "val/loss"]
     if any(v != 0 for v in series(rows, "train/penalty")[1]):
         loss_keys.append("train/penalty")
-    plots.simple("loss.png", "loss (nats/token)", loss_keys, "no train/loss or val/loss", a.logy)
-    plots.simple("lr.png", "learning rate", ["train/lr"], "no train/lr")
-    plots.throughput()
-    plots.fp8_scales(a.layers)
-    plots.simple("grad_norm.png", "gradient norm (before clipping)", ["train/grad_norm"],
-                 "no train/grad_norm")
-    plots.simple("memory.png", "GPU memory (GB)",
-                 sorted(k for k in plots.keys if k.startswith("system/gpu_memory_")),
-                 "no system/gpu_memory_* metrics: not a CUDA run")
+    figures = [
+        ("loss.png", plots.simple("loss.png", "loss (nats/token)", loss_keys,
+                                  "no train/loss or val/loss", a.logy)),
+        ("lr.png", plots.lr()),
+        ("throughput.png", plots.throughput()),
+        ("fp8_scales.png", plots.fp8_scales(a.layers)),
+        ("grad_norm.png", plots.simple("grad_norm.png", "gradient norm (before clipping)",
+                                       ["train/grad_norm"], "no train/grad_norm")),
+        ("memory.png", plots.simple(
+            "memory.png", "GPU memory (GB)",
+            sorted(k for k in plots.keys if k.startswith("system/gpu_memory_")),
+            "no system/gpu_memory_* metrics: not a CUDA run")),
+    ]
+    for fname, fig in figures:
+        if fig is not None:
+            plots.save(fig, out, fname)
+    if plots.resumes:
+        print(f"resumed at step {', '.join(f'{s:,}' for s in plots.resumes)} (dashed lines)")
     return EXIT_OK
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    from fp8train.console import run_main   # a closed stdout (| head): no traceback
+    sys.exit(run_main(main))

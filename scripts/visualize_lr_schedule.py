@@ -65,4 +65,5 @@ def plot_schedule(a) -> int:
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    from fp8train.console import run_main   # a closed stdout (| head): no traceback
+    sys.exit(run_main(main))

@@ -15,6 +15,9 @@ knows nothing of this.
                      pointer (renamed, `latest` not yet updated)
     fail@save:S      the checkpoint write of step S raises OSError(ENOSPC) after writing part
                      of the files
+    usr1@step:S      send this process a real SIGUSR1 in step S (where kill@step fires)
+    usr1@eval:S      ... as the evaluation of step S starts
+    usr1@save:S      ... while the checkpoint of step S is written (its files, no manifest)
     Any entry may end in @rankR to fire on that rank only.
 """
 from __future__ import annotations
@@ -33,6 +36,7 @@ class Faults:
         self.kill_step: set[int] = set()
         self.kill_save: dict[int, str] = {}
         self.fail_save: set[int] = set()
+        self.usr1: dict[str, set[int]] = {"step": set(), "eval": set(), "save": set()}
         for entry in filter(None, (e.strip() for e in spec.split(","))):
             parts = entry.split("@")
             if len(parts) == 3:
@@ -54,6 +58,9 @@ class Faults:
                 self.kill_save[int(step)] = phase
             elif what == "fail" and where.startswith("save:"):
                 self.fail_save.add(int(where[5:]))
+            elif what == "usr1" and where.partition(":")[0] in self.usr1:
+                place, _, step = where.partition(":")
+                self.usr1[place].add(int(step))
             else:
                 raise ValueError(f"{ENV}: bad entry '{entry}'")
 
@@ -73,10 +80,18 @@ class Faults:
     def in_step(self, step: int) -> None:
         if step in self.kill_step:
             _kill()
+        self.signal("step", step)
+
+    def signal(self, place: str, step: int) -> None:
+        if step in self.usr1[place]:
+            self.usr1[place].discard(step)
+            os.kill(os.getpid(), signal.SIGUSR1)
 
     def in_save(self, step: int, phase: str, directory: str) -> None:
         if self.kill_save.get(step) == phase:
             _kill()
+        if phase == "state":
+            self.signal("save", step)
         if phase == "state" and step in self.fail_save:
             with open(os.path.join(directory, "partial.bin"), "wb") as fh:
                 fh.write(b"\0" * 1024)
@@ -94,6 +109,8 @@ def install(faults: "Faults | None") -> None:
         return
     install_step_faults(faults)
     install_save_faults(faults)
+    from fp8train.evaluator import Evaluator
+    _wrap(Evaluator, "run", before=lambda self, model, st, *_: faults.signal("eval", st.step))
 
 
 def _wrap(owner, name, setattr_=setattr, before=None, after=None):

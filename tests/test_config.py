@@ -58,9 +58,85 @@ def test_bad_values_name_file_and_key(tmp_path, text, key):
 
 
 def test_float_literals_without_a_dot_are_numbers(tmp_path):
-    # PyYAML reads 3e-3 as a string; the schema reads it as the number the user meant.
+    # PyYAML (YAML 1.1) reads 3e-3 as a string; config files are read as YAML 1.2.
     cfg = load_config(["--config", write(tmp_path, "learning_rate: 3e-3\n")])
     assert cfg.learning_rate == pytest.approx(0.003)
+
+
+def test_yaml_scalars_mean_what_yaml_1_2_says(tmp_path):
+    """The YAML 1.1 surprises PyYAML has by default: on/no/yes are text, 010 is ten, an
+    integral float is the integer, -0.0 is 0.0, and a byte-order mark is harmless."""
+    path = tmp_path / "x.yaml"
+    path.write_bytes("\ufeffwandb_project: on\nwandb_run_name: no\nseed: 010\n"
+                     "max_steps: 1e3\nwarmup_steps: 3.0\ndropout: -0.0\n"
+                     "wandb_tags: [2024-01-01, v1]\n".encode("utf-8"))
+    cfg = load_config(["--config", str(path)])
+    assert (cfg.wandb_project, cfg.wandb_run_name, cfg.seed) == ("on", "no", 10)
+    assert (cfg.max_steps, cfg.warmup_steps) == (1000, 3)
+    assert isinstance(cfg.max_steps, int) and str(cfg.dropout) == "0.0"
+    assert cfg.wandb_tags == ["2024-01-01", "v1"]
+
+
+def test_duplicate_keys_are_refused_in_any_yaml_the_project_reads(tmp_path):
+    with pytest.raises(ConfigError, match=r"line 4: key 'values' is given twice \(first on "
+                                          r"line 3\)"):
+        C.read_yaml(write(tmp_path, "parameters:\n  lr:\n    values: [1]\n    values: [2]\n"))
+
+
+def test_command_line_spellings_and_last_wins_with_its_origin():
+    cfg = load_config(["--seq-len", "64", "--use_fp8", "FALSE", "--seq_len=128",
+                       "--max_steps=0x10", "--warmup_steps=2"])
+    assert (cfg.seq_len, cfg.use_fp8, cfg.max_steps) == (128, False, 16)
+    assert cfg.where("seq_len") == "--seq_len=128"
+    assert cfg.where("use_fp8", "seed") == "--use_fp8=FALSE"   # seed: a default
+    assert cfg.where("seed") == "<defaults>"
+
+
+def test_no_arguments_prints_usage_and_writes_nothing(tmp_path):
+    r = subprocess.run([sys.executable, str(ROOT / "train_fp8.py")], cwd=tmp_path,
+                       capture_output=True, text=True, timeout=60)
+    assert r.returncode == 2 and r.stdout == "", r
+    lines = r.stderr.splitlines()
+    assert len(lines) == 1 and lines[0].startswith("error: no config given; usage: "
+                                                   "train_fp8.py --config FILE"), r.stderr
+    assert "configs/test_fp8.yaml" in lines[0] and "--help" in lines[0]
+    assert list(tmp_path.iterdir()) == []
+
+
+def test_help_shows_each_keys_type_and_default_in_100_columns():
+    text = C.help_text()
+    long = [line for line in text.splitlines() if len(line) > 100]
+    assert not long, long
+    assert "  --seq_len INT >= 8  [default: 1024]" in text
+    assert "  --learning_rate FLOAT > 0.0  [default: 0.0006]" in text
+    assert "  --use_fp8 BOOL  [default: false]" in text
+    assert "  --max_steps INT >= 1 (or null)  [default: null]" in text
+    assert "  --precision {auto|bf16|fp32|fp16}  [default: auto]" in text
+    for key in C.KEYS:     # the key's own lines: its type, default and doc
+        own = text.split(f"\n  --{key} ")[1].split("\n  --")[0].split("\n\n")[0]
+        assert "[default: " in own and C.KEYS[key].metadata["doc"][:30] in own, key
+
+
+# Entry points whose help is read through a pipe that closes early (`--help | head`).
+PIPED = ["train_fp8.py", "run_sweep.py", "scripts/visualize_lr_schedule.py"]
+
+
+@pytest.mark.parametrize("entry", PIPED)
+def test_help_into_a_closed_pipe_exits_quietly(entry):
+    env = dict(os.environ, PYTHONPATH=str(ROOT))
+    p = subprocess.Popen([sys.executable, entry, "--help"], cwd=ROOT, env=env,
+                         stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+    p.stdout.close()    # the reader is gone before the first line is written
+    err = p.stderr.read().decode()
+    assert p.wait(timeout=60) == 0 and err == "", err
+
+
+def test_every_script_ends_through_the_broken_pipe_guard():
+    """The others as written: each entry point runs its main through console.run_main."""
+    for path in sorted((ROOT / "scripts").glob("*.py")) + [ROOT / "run_sweep.py",
+                                                           ROOT / "train_fp8.py"]:
+        tail = path.read_text().rsplit('if __name__ == "__main__":', 1)[1]
+        assert "run_main(main)" in tail, path.name
 
 
 def test_cli_overrides_yaml_in_both_spellings(tmp_path):
@@ -190,3 +266,41 @@ def test_config_reference_documents_every_key():
     reference = (ROOT / "docs" / "config.md").read_text()
     missing = [k for k in C.KEYS if f"| `{k}` |" not in reference]
     assert not missing, f"keys missing from docs/config.md's key tables: {missing}"
+
+
+# --- a warmup longer than the run ----------------------------------------------------------------
+
+def test_warmup_longer_than_an_epoch_driven_run_is_shortened():
+    from fp8train.planning import run_length
+    cfg = load_config(["--dataset=synthetic", "--num_epochs=1"])     # warmup: the default 2000
+    sched = run_length(cfg, train_tokens=50 * 8 * cfg.seq_len, plan=BatchPlan(8, 1, 1))
+    assert (sched.total_steps, sched.lr_steps, sched.warmup_steps) == (50, 50, 5)
+    assert sched.warmup_note == ("warmup_steps (2000, the default) is not shorter than the run's "
+                                 "50 steps: warming up for 5 steps instead (10% of the schedule)")
+    cfg = load_config(["--dataset=synthetic", "--warmup_steps=4"])
+    assert run_length(cfg, 50 * 8 * cfg.seq_len, BatchPlan(8, 1, 1)).warmup_note == ""
+
+
+def test_short_run_of_a_config_shortens_its_warmup_and_records_it(tmp_path, data_dir):
+    """`--max_steps=20` over configs/test_fp8.yaml (warmup_steps: 30) trains, with one warning,
+    the shortened warmup in config.yaml's derived section, and the LR following it."""
+    import json
+    out = tmp_path / "run"
+    r = subprocess.run(
+        [sys.executable, "train_fp8.py", "--config", "configs/test_fp8.yaml", "--max_steps=20",
+         f"--output_dir={out}", f"--dataset={data_dir}/tinyshakespeare.txt", "--no_fp8",
+         "--n_layer=2", "--seq_len=32", "--batch_size=2", "--gradient_accumulation_steps=1",
+         "--log_interval=1", "--eval_interval=100", "--eval_sequences=4", "--eval_samples=0",
+         "--checkpoint_interval=100"],
+        cwd=ROOT, capture_output=True, text=True, timeout=300)
+    assert r.returncode == 0, r.stderr
+    warnings = [line for line in r.stderr.splitlines() if "warmup" in line]
+    assert warnings == ["WARNING: warmup_steps (30, configs/test_fp8.yaml) is not shorter than "
+                        "the run's 20 steps: warming up for 2 steps instead (10% of the "
+                        "schedule)"], r.stderr
+    derived = yaml.safe_load((out / "config.yaml").read_text())["derived"]
+    assert (derived["warmup_steps"], derived["lr_schedule_steps"]) == (2, 20)
+    lrs = {row["step"]: row["train/lr"] for row in map(json.loads, open(out / "metrics.jsonl"))
+           if "train/lr" in row}
+    assert lrs[1] == pytest.approx(3e-3 / 2) and lrs[2] == pytest.approx(3e-3)
+    assert lrs[20] == pytest.approx(3e-4)

@@ -133,3 +133,195 @@ def test_download_checks_the_checksum_and_writes_atomically(tmp_path, local_serv
     monkeypatch.setattr(D, "TINYSHAKESPEARE_URL", f"{url}/input.txt")
     path = corpus_path("tinyshakespeare", str(dest), log=lambda m: None)
     assert path == str(dest / "tinyshakespeare.txt") and os.path.getsize(path) == 1_115_394
+
+
+# --- what `dataset` names: resolved against data_dir, files that are not text refused -------------
+
+def _prepared(root, name="mycorpus", train=2000, val=500, vocab=257):
+    from fp8train.shards import write_meta, write_shard
+    out = root / name
+    out.mkdir(parents=True)
+    for split, n in (("train", train), ("val", val)):
+        write_shard(str(out / f"{split}_000000.bin"), np.arange(n) % 256, vocab, "byte")
+    sizes = (("train", train), ("val", val))
+    write_meta(str(out), dict(tokenizer="byte", vocab_size=vocab, splits={
+        s: dict(shards=[f"{s}_000000.bin"], tokens=n) for s, n in sizes}))
+    return out
+
+
+def test_a_prepared_name_is_found_under_data_dir_and_recorded_as_its_path(tmp_path, monkeypatch):
+    from fp8train.config import dump_yaml, load_config
+    store = tmp_path / "store"
+    _prepared(store)
+    (store / "notes.txt").write_text("hello world\n" * 100)
+    monkeypatch.chdir(tmp_path)   # no ./mycorpus here: the name is looked up in data_dir
+    cfg = load_config([f"--data_dir={store}", "--dataset=mycorpus"])
+    assert cfg.dataset == str(store / "mycorpus")
+    assert f"dataset: {store / 'mycorpus'}" in dump_yaml(cfg)
+    (tmp_path / "mycorpus").mkdir()   # a folder of that name here, not a dataset: data_dir's wins
+    assert load_config([f"--data_dir={store}", "--dataset=mycorpus"]).dataset == \
+        str(store / "mycorpus")
+    assert load_config([f"--data_dir={store}", "--dataset=notes.txt"]).dataset == \
+        str(store / "notes.txt")
+    # a path that exists as given wins over data_dir; known names stay names
+    (tmp_path / "mycorpus.txt").write_text("x\n")
+    assert load_config([f"--data_dir={store}", "--dataset=mycorpus.txt"]).dataset == "mycorpus.txt"
+    assert load_config([f"--data_dir={store}", "--dataset=tinyshakespeare"]).dataset == \
+        "tinyshakespeare"
+
+
+def test_the_suggested_prepare_command_works(tmp_path, monkeypatch):
+    """The command in the refusal of a .jsonl given directly, run as printed, prepares a dataset
+    that the same run then accepts by name."""
+    import shlex
+    import subprocess
+    import sys
+    from fp8train.data_source import dataset_error, resolved_dataset
+    from conftest import ROOT
+    src = tmp_path / "docs.jsonl"
+    src.write_text("".join('{"body": "document %d. %s"}\n' % (i, "words " * 30)
+                           for i in range(60)))
+    store = tmp_path / "store"
+    msg = dataset_error(str(src), str(store), "byte")
+    command = msg.split("prepare it first: ", 1)[1].split(", and train with --dataset ")[0]
+    assert "--text_field body" in command and "--tokenizer byte" in command
+    argv = shlex.split(command)[1:] + ["--val_docs", "10", "--num_proc", "1"]
+    r = subprocess.run([sys.executable, *argv], cwd=ROOT, capture_output=True, text=True,
+                       timeout=300, env=dict(os.environ, PYTHONPATH=str(ROOT)))
+    assert r.returncode == 0, r.stderr[-2000:]
+    name = msg.rsplit("--dataset ", 1)[1]
+    path = resolved_dataset(name, str(store))
+    assert path == str(store / "docs") and dataset_error(path, str(store), "byte") is None
+
+
+def test_plain_text_is_accepted_and_binary_text_is_not(tmp_path):
+    from fp8train.data_source import dataset_error
+    ok = tmp_path / "ok.txt"
+    ok.write_text("café — naïve {braces} are fine in prose\n" * 5000)   # > one sniffed block
+    assert dataset_error(str(ok), "data", "byte") is None
+    one_json_line = tmp_path / "one.txt"
+    one_json_line.write_text('{"a": 1}\nand then prose\n')
+    assert dataset_error(str(one_json_line), "data", "byte") is None
+    late = tmp_path / "late.txt"
+    late.write_bytes(b"x" * (1 << 16) + b"\0")   # beyond the sniffed block: read at load time
+    assert dataset_error(str(late), "data", "byte") is None
+
+
+# --- token ids in the shards' bodies --------------------------------------------------------------
+
+def _put_token(shard, position, value):
+    raw = bytearray(shard.read_bytes())
+    raw[1024 + 2 * position:1024 + 2 * position + 2] = np.array([value], np.uint16).tobytes()
+    shard.write_bytes(bytes(raw))
+
+
+def test_body_token_ids_are_scanned_once_and_rescanned_when_a_shard_changes(tmp_path):
+    from fp8train.data import load_prepared
+    from fp8train.shards import CHECKED_FILE
+    d = _prepared(tmp_path)
+    said = []
+    load = lambda: load_prepared(str(d), str(d), str(tmp_path), "byte", 32, log=said.append)
+    load()
+    assert len(said) == 1 and "checked every token id of 2 shards (2,500 tokens scanned)" in said[0]
+    assert (d / CHECKED_FILE).is_file()
+    load()
+    assert len(said) == 1                       # recorded: not scanned again
+    shard = d / "train_000000.bin"
+    _put_token(shard, 1234, 999)                # same size: the mtime tells it changed
+    os.utime(shard, ns=(shard.stat().st_atime_ns, shard.stat().st_mtime_ns + 10**9))
+    with pytest.raises(ConfigError, match=r"shard '.*train_000000.bin' holds token id 999, "
+                                          r"outside the dataset's vocabulary of 257 \(the first "
+                                          r"such id is at position 1,234; the header says at "
+                                          r"most 255\)"):
+        load()
+
+
+def test_a_dataset_whose_record_cannot_be_written_is_still_checked(tmp_path):
+    """A read-only copy (a shared filesystem) cannot hold the record: every run scans, and says
+    so. Made unwritable by a directory in the record's place, which holds even for root."""
+    from fp8train.data import load_prepared
+    from fp8train.shards import CHECKED_FILE
+    d = _prepared(tmp_path)
+    (d / CHECKED_FILE).mkdir()
+    _put_token(d / "val_000000.bin", 7, 400)
+    said = []
+    with pytest.raises(ConfigError, match="holds token id 400"):
+        load_prepared(str(d), str(d), str(tmp_path), "byte", 32, log=said.append)
+    assert "not recorded" in said[0] and "every run checks them again" in said[0]
+    assert not [p for p in d.iterdir() if p.name.endswith(".tmp")]
+
+
+def test_scanning_is_cheap():
+    """The number docs/data.md quotes: a max over 100M uint16 tokens, memory-mapped."""
+    import tempfile
+    import time
+    with tempfile.NamedTemporaryFile(suffix=".bin") as fh:
+        np.zeros(100_000_000, dtype=np.uint16).tofile(fh.name)
+        tokens = np.memmap(fh.name, dtype=np.uint16, mode="r")
+        t0 = time.perf_counter()
+        assert int(tokens.max()) == 0
+        assert time.perf_counter() - t0 < 5
+
+
+# --- the eval set, the batch and seq_len against the data -----------------------------------------
+
+def test_eval_sequences_are_capped_at_the_disjoint_windows_of_the_split():
+    tokens = np.arange(1_000, dtype=np.uint16)
+    warned = []
+    batches = val_batches(tokens, 32, 1_000_000, micro=8, warn=warned.append)
+    starts = torch_cat_first_tokens(batches)
+    assert len(starts) == 31 and (np.diff(starts) >= 32).all()
+    assert "key 'eval_sequences' (1,000,000) is more than the validation split holds" in warned[0]
+    assert "evaluating on 31" in warned[0]
+    assert len(torch_cat_first_tokens(val_batches(tokens, 32, 31, 8, warned.append))) == 31
+    assert len(warned) == 1                     # no warning when it fits
+
+
+def torch_cat_first_tokens(batches):
+    return np.concatenate([x[:, 0].numpy() for x, _ in batches])
+
+
+def test_synthetic_data_is_checked_against_seq_len():
+    from types import SimpleNamespace
+    from fp8train.data import load_splits
+    cfg = SimpleNamespace(dataset="synthetic", seq_len=300_000)
+    with pytest.raises(ConfigError, match="dataset 'synthetic': the val split has 262,144 tokens"):
+        load_splits(cfg)
+
+
+# --- out of memory: one line, the keys to lower ---------------------------------------------------
+
+def test_out_of_memory_is_recognised_on_cpu_and_gpu_and_when_wrapped():
+    import torch
+    from fp8train.agreement import RankFailed
+    from fp8train.errors import is_out_of_memory
+    assert is_out_of_memory(MemoryError())
+    assert is_out_of_memory(torch.OutOfMemoryError("CUDA out of memory. Tried to allocate 2 GiB"))
+    assert is_out_of_memory(RuntimeError("[enforce fail at alloc_cpu.cpp:127] DefaultCPUAllocator:"
+                                         " can't allocate memory: you tried to allocate 8 bytes"))
+    assert is_out_of_memory(RankFailed("a step failed on rank 0: OutOfMemoryError: CUDA out of "
+                                       "memory"))
+    assert not is_out_of_memory(ValueError("out of memory"))
+    assert not is_out_of_memory(RuntimeError("mat1 and mat2 shapes cannot be multiplied"))
+
+
+def test_a_real_out_of_memory_is_one_line_naming_the_keys(tmp_path):
+    """A real allocation failure (a model far larger than the process may map, under an address
+    space limit so that it fails the same way whatever the machine's overcommit policy)."""
+    import resource
+    import subprocess
+    import sys
+    from conftest import ROOT, DATA_DIR, tiny_args
+
+    def limit():
+        resource.setrlimit(resource.RLIMIT_AS, (32 << 30, 32 << 30))
+    r = subprocess.run([sys.executable, "train_fp8.py",
+                        *tiny_args(tmp_path / "out", n_layer=1, n_head=1, n_embd=1 << 20,
+                                   seq_len=32, batch_size=2, gradient_accumulation_steps=1,
+                                   max_steps=2, warmup_steps=0)],
+                       cwd=ROOT, capture_output=True, text=True, timeout=300, preexec_fn=limit,
+                       env=dict(os.environ, FP8TRAIN_DATA_DIR=DATA_DIR))
+    lines = [line for line in r.stderr.splitlines() if line.strip()]
+    assert r.returncode == 1 and "Traceback" not in r.stderr, r.stderr[-3000:]
+    assert len(lines) == 1 and lines[0].startswith("error: out of memory ("), r.stderr
+    assert "lower batch_size (now 2;" in lines[0] and "seq_len (now 32)" in lines[0]

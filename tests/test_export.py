@@ -111,6 +111,13 @@ def test_export_of_fp8_trained_run_loads_in_transformers(runs, tmp_path, name):
         assert (out / f).is_file(), f
     info = json.loads((out / "fp8train_export.json").read_text())
     assert info["step"] == 12 and info["trained_fp8"].startswith(name.split("-")[0])
+    # Readable by whoever may read any other new file here (safetensors' own files are 0600).
+    (tmp_path / "probe").write_text("")
+    fresh = (tmp_path / "probe").stat().st_mode & 0o777
+    written = [p for p in [*out.rglob("*"), *(runs[name] / "checkpoints").rglob("*")]
+               if p.is_file()]
+    assert {str(p): oct(p.stat().st_mode & 0o777) for p in written} == \
+        {str(p): oct(fresh) for p in written}
 
     # Independently of the script's own check: our model from the checkpoint vs transformers.
     t = trained.load(str(runs[name]))
@@ -241,8 +248,24 @@ def _bad_tokenizer(run, tmp_path):
     return ckpt
 
 
+def _run_without_checkpoints(tmp_path, name, *folders):
+    """A run directory as a run that died before its first checkpoint leaves it."""
+    run = tmp_path / name
+    for sub in ("",) + folders:
+        (run / sub).mkdir(parents=True, exist_ok=True)
+    (run / "train.log").write_text("")
+    (run / "config.yaml").write_text("model: tiny\n")
+    return run
+
+
 BAD = [
-    ("export", lambda run, d: [str(d / "nowhere"), str(d / "out")], "is not a checkpoint"),
+    ("export", lambda run, d: [str(d / "nowhere"), str(d / "out")],
+     "nowhere' not found"),
+    ("export", lambda run, d: [str(_run_without_checkpoints(d, "crashed")), str(d / "out")],
+     "holds no checkpoint (no checkpoints/ in it: the run saved none)"),
+    ("export", lambda run, d: [str(_run_without_checkpoints(d, "empty", "checkpoints")),
+                               str(d / "out")],
+     "holds no checkpoint ("),
     ("export", lambda run, d: [str(_corrupt(run, d)), str(d / "out")],
      "does not match its checksum"),
     ("export", lambda run, d: [str(_bad_tokenizer(run, d)), str(d / "out")],

@@ -71,3 +71,24 @@ def test_the_peak_used_is_named_and_fp8_runs_are_labelled():
 def test_a_mig_slice_is_not_measured_against_the_whole_gpus_peak():
     assert "MIG slice" in peak_note("NVIDIA H100 80GB HBM3 MIG 3g.40gb", fp8=True)
     assert peak_flops("NVIDIA H100 80GB HBM3") == 989.4e12   # the whole GPU still has one
+
+
+def test_the_eta_is_measured_after_the_first_step(capsys):
+    """A resumed run (step 50 of 100) whose start-up and first step took 3 s and whose next four
+    steps took 0.1 s each: the ETA is 45 steps at 0.1 s, not at the pace start-up suggests
+    (about 30 s, from the time since start over the steps since)."""
+    import re
+    import time
+
+    from fp8train.logger import Logger, Progress
+    progress = Progress(Logger(is_main=True), total=100, initial=50)
+    time.sleep(3.0)                           # start-up, compilation, the first step
+    progress.first_step(51, 3.0, next_row=60)
+    time.sleep(0.4)                           # steps 52-55
+    progress.update(55, {"train/loss": 3.0, "train/lr": 1e-3, "train/grad_norm": 1.0,
+                         "train/tokens_per_sec": 1000.0, "train/step_time": 0.1})
+    out = capsys.readouterr().out
+    assert "step 51/100 | first step 3.0 s (start-up and warm-up included) | loss from step 60" \
+        in out
+    h, m, s = map(int, re.search(r"step 55/100 .* ETA (\d+):(\d+):(\d+)", out).groups())
+    assert 3 <= 3600 * h + 60 * m + s <= 12, out

@@ -1,4 +1,6 @@
-"""scripts/plot_run.py on real tiny runs (FP8 and fp32) and on broken inputs."""
+"""scripts/plot_run.py and scripts/compare_runs.py on real tiny runs (FP8, stopped and resumed;
+fp32) and on broken inputs. The figures are checked by what they show (lines, labels, axis
+ranges), built by the script's own functions before they are saved."""
 import importlib.util
 import json
 import struct
@@ -37,13 +39,42 @@ def assert_one_clean_error_line(r, *needles):
 
 @pytest.fixture(scope="module")
 def runs(tmp_path_factory):
+    """fp8: stopped after its first step (max_hours), then resumed to the end; fp32: straight."""
     base = tmp_path_factory.mktemp("plot_run")
-    out = {}
-    for name, fp8 in (("fp8", dict(use_fp8="true", fp8_backend="native")), ("fp32", {})):
-        r = run_train(*tiny_args(base / name, **fp8))
+    fp8 = dict(use_fp8="true", fp8_backend="native", lr_decay_steps=12)
+    for args in (tiny_args(base / "fp8", max_hours=1e-7, **fp8),
+                 tiny_args(base / "fp8", **fp8) + ["--resume"],
+                 tiny_args(base / "fp32")):
+        r = run_train(*args)
         assert r.returncode == 0, r.stderr[-3000:]
-        out[name] = base / name
-    return out
+    return {"fp8": base / "fp8", "fp32": base / "fp32"}
+
+
+def script(name):
+    spec = importlib.util.spec_from_file_location(name, ROOT / "scripts" / f"{name}.py")
+    mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)
+    return mod
+
+
+def figures(run_dir):
+    """The run's Plots, as plot_run.py builds them."""
+    import matplotlib
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+    from fp8train.metrics_reader import lr_schedule, read_run_config, resume_steps
+    mod = script("plot_run")
+    return mod, mod.Plots(plt, mod.read_metrics(str(run_dir)), run_dir.name,
+                          resumes=resume_steps(str(run_dir)),
+                          schedule=lr_schedule(read_run_config(str(run_dir))))
+
+
+def labelled(ax, label):
+    return [line for line in ax.get_lines() if line.get_label() == label]
+
+
+def legend_texts(ax):
+    return [t.get_text() for t in ax.get_legend().get_texts()]
 
 
 def test_fp8_run_gets_every_plot_and_per_layer_scales_grow_the_figure(runs, tmp_path):
@@ -118,3 +149,99 @@ def test_missing_matplotlib_exits_2_with_a_hint(runs):
     r = subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True,
                        timeout=60)
     assert_one_clean_error_line(r, "plot_run.py needs matplotlib: pip install matplotlib")
+
+
+def test_lr_plot_shows_the_whole_schedule_from_step_0_and_marks_the_resume(runs):
+    from fp8train.schedule import lr_at
+    mod, plots = figures(runs["fp8"])
+    assert plots.resumes == [1]           # train.log: "resumed from ... at step 1"
+    ax = mod.Plots.lr(plots).axes[0]
+    (sched,) = labelled(ax, mod.SCHEDULE_LABEL)
+    xs, ys = list(sched.get_xdata()), list(sched.get_ydata())
+    assert xs == list(range(13)) and ax.get_xlim()[0] == 0
+    kw = dict(max_lr=0.003, warmup_steps=3, total_steps=12, min_lr_ratio=0.1)
+    assert ys[0] == 0 and ys[1:] == pytest.approx([lr_at(s, **kw) for s in range(12)])
+    (logged,) = labelled(ax, "train/lr (logged)")
+    assert min(logged.get_xdata()) == 4   # the first logged step: the warmup is not in the log
+    for x, y in zip(logged.get_xdata(), logged.get_ydata()):
+        assert y == pytest.approx(ys[xs.index(x)])   # each logged LR lies on the schedule
+    (resume,) = labelled(ax, mod.RESUMED_LABEL)
+    assert list(resume.get_xdata()) == [1, 1]
+    for fig in (plots.simple("loss.png", "loss", ["train/loss"], ""), plots.throughput(),
+                plots.fp8_scales(False)):
+        assert all(labelled(a, mod.RESUMED_LABEL) for a in fig.axes if a.get_legend())
+
+    r = plot(runs["fp8"], "--out", runs["fp8"] / "p")
+    assert r.returncode == 0 and "resumed at step 1 (dashed lines)" in r.stdout, r.stderr
+    _, straight = figures(runs["fp32"])
+    assert straight.resumes == [] and not labelled(straight.lr().axes[0], mod.RESUMED_LABEL)
+
+
+def test_per_layer_fp8_scales_are_named_in_a_legend(runs):
+    mod, plots = figures(runs["fp8"])
+    fig = plots.fp8_scales(True)
+    layer_axes = [a for a in fig.axes if a.get_title().startswith("per layer: ")]
+    assert sorted(a.get_title() for a in layer_axes) == [
+        "per layer: bwd_scale_grad_output", "per layer: fwd_scale_input",
+        "per layer: fwd_scale_weight"]
+    names = [f"blocks.{i}.{m}" for i in range(2)
+             for m in ("attn.proj", "attn.qkv", "mlp.fc", "mlp.proj")]
+    for ax in layer_axes:
+        assert legend_texts(ax) == names + [mod.RESUMED_LABEL]
+        assert ax.get_legend().get_bbox_to_anchor().x0 > ax.bbox.x1 - 1   # beside the axes
+
+
+def test_many_layers_name_the_extremes_and_group_the_rest(tmp_path):
+    plots = figures_from_rows(tmp_path, [
+        {"step": s, "train/loss": 1.0, **{f"fp8/blocks.{i}.mlp.fc/fwd_scale_input": i * s + 1.0
+                                         for i in range(20)}} for s in (1, 2)])
+    ax = [a for a in plots.fp8_scales(True).axes if a.get_title().startswith("per layer")][0]
+    shown = legend_texts(ax)
+    extremes = [f"blocks.{i}.mlp.fc" for i in list(range(6)) + list(range(14, 20))]
+    assert sorted(shown[:-1]) == sorted(extremes) and shown[-1] == "8 other layers"
+
+
+def figures_from_rows(tmp_path, rows):
+    (tmp_path / "metrics.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
+    return figures(tmp_path)[1]
+
+
+def test_lr_without_config_yaml_says_so_and_keeps_the_logged_points(runs, tmp_path):
+    run = tmp_path / "noconfig"
+    run.mkdir()
+    (run / "metrics.jsonl").write_text((runs["fp32"] / "metrics.jsonl").read_text())
+    r = plot(run)
+    assert r.returncode == 0, r.stderr
+    assert "lr.png: the logged train/lr only (no readable config.yaml" in r.stdout
+    png_height(run / "plots" / "lr.png")
+
+
+def compare(*args):
+    return subprocess.run([sys.executable, "scripts/compare_runs.py", *map(str, args)],
+                          cwd=ROOT, capture_output=True, text=True, timeout=300)
+
+
+def test_compare_shows_the_config_keys_that_differ(runs, tmp_path):
+    r = compare(runs["fp8"], runs["fp32"], "--out", tmp_path / "c", "--no_plot")
+    assert r.returncode == 0, r.stderr
+    rows = {line.split(" | ")[0].lstrip("| "): line for line in r.stdout.splitlines()}
+    assert rows["config: use_fp8"] == "| config: use_fp8 | true | false |"
+    assert "config: lr_decay_steps" in rows and "config: seq_len" not in rows
+    assert not any(k.startswith("config: output_dir") or k.startswith("config: resume")
+                   for k in rows)
+    assert rows["config: use_fp8"] in (tmp_path / "c" / "compare.md").read_text()
+
+    # Two sweep trials: the same run but for the swept parameter.
+    for name, weight in (("trial_001", 0.0), ("trial_002", 0.01)):
+        d = tmp_path / "sweep" / name
+        d.mkdir(parents=True)
+        for f in ("metrics.jsonl", "summary.json"):
+            (d / f).write_text((runs["fp32"] / f).read_text())
+        (d / "config.yaml").write_text((runs["fp32"] / "config.yaml").read_text().replace(
+            "penalty_weight: 0.0", f"penalty_weight: {weight}").replace(
+            f"output_dir: {runs['fp32']}", f"output_dir: {d}"))
+    r = compare(tmp_path / "sweep" / "trial_001", tmp_path / "sweep" / "trial_002",
+                "--no_plot", "--out", tmp_path / "c2")
+    assert r.returncode == 0, r.stderr
+    config_rows = [line for line in r.stdout.splitlines() if line.startswith("| config: ")]
+    assert config_rows == ["| config: penalty_weight | 0.0 | 0.01 |"]

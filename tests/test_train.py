@@ -282,3 +282,22 @@ def test_uneven_eval_batches_over_two_ranks_give_the_one_process_val_loss(tmp_pa
     assert r.returncode == 0, r.stderr[-3000:]
     val = lambda d: [x["val/loss"] for x in rows(d) if "val/loss" in x]
     np.testing.assert_allclose(val(two), val(one), rtol=1e-5)
+
+
+def test_what_ends_a_run_is_in_train_log_too(tmp_path):
+    """train.log is what the console showed: a refused resume (exit 2) and a run that fails on
+    its way (its last checkpoint cannot be written: exit 1) end it with their error line."""
+    def error_line(r):
+        return [line for line in r.stderr.splitlines() if line.startswith("error: ")][-1]
+
+    short = dict(max_steps=2, warmup_steps=1, eval_sequences=8)
+    out = tmp_path / "run"
+    assert run_train(*tiny_args(out, **short)).returncode == 0
+    r = run_train(*tiny_args(out, **dict(short, max_steps=4, learning_rate=0.01)), "--resume")
+    assert r.returncode == 2 and "learning_rate 0.003 -> 0.01" in r.stderr
+    assert (out / "train.log").read_text().rstrip().endswith(error_line(r))
+    failing = tmp_path / "failing"
+    r = run_train(*tiny_args(failing, **short, checkpoint_interval=100),
+                  env={"FP8TRAIN_FAULTS": "fail@save:2"})
+    assert r.returncode == 1 and "could not be written" in r.stderr
+    assert (failing / "train.log").read_text().rstrip().endswith(error_line(r))

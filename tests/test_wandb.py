@@ -85,6 +85,10 @@ def wandb_summary(run_dir):
     return out
 
 
+def wandb_console_lines(r):
+    return [x for x in (r.stdout + r.stderr).splitlines() if x.startswith("wandb:")]
+
+
 def offline_runs(out):
     return sorted(glob.glob(str(out / "wandb" / "offline-run-*")))
 
@@ -104,6 +108,11 @@ def test_offline_run_holds_every_metric_the_config_and_resumes_the_same_run(tmp_
     (run_dir,) = offline_runs(out)
     run_id = (out / "wandb_run_id").read_text().strip()
     assert run_dir.endswith("-" + run_id)
+    # W&B's own banner, history and summary (some 50 lines) stay off the console: one line
+    # says where the offline run is and how to sync it.
+    assert wandb_console_lines(r) == [], r.stderr
+    (line,) = [x for x in r.stdout.splitlines() if x.startswith("W&B: ")]
+    assert line.endswith(f"(sync it with `wandb sync {run_dir}`)"), line
 
     history, config = history_and_config(run_dir)
     # The full resolved config and the derived values, as in config.yaml.
@@ -160,6 +169,7 @@ def test_no_api_key_gives_one_warning_and_an_offline_run(tmp_path):
     warnings = [line for line in r.stderr.splitlines() if line.startswith("WARNING: W&B")]
     assert len(warnings) == 1 and "continuing offline" in warnings[0] and \
         "wandb sync" in warnings[0]
+    assert wandb_console_lines(r) == [], r.stderr
     (run_dir,) = offline_runs(out)
     history, _ = history_and_config(run_dir)
     assert [h["step"] for h in history if "train/loss" in h] == [4]

@@ -34,7 +34,7 @@ def base_precision(cfg: Config, device: torch.device) -> Precision:
     prec = BASE[name]()
     reason = prec.unavailable(device)
     if reason:
-        raise ConfigError(f"{cfg.source}: key 'precision': {reason}; use "
+        raise ConfigError(f"{cfg.where('precision')}: key 'precision': {reason}; use "
                           f"{'bf16 or ' if name != 'bf16' else ''}fp32")
     return prec
 
@@ -52,7 +52,8 @@ def build_precision(cfg: Config, device: torch.device, warn: Callable[[str], Non
     if reason is None:
         return backend
     if cfg.fp8_fallback == "error":
-        raise ConfigError(f"{cfg.source}: key 'fp8_backend': '{cfg.fp8_backend}' cannot run "
+        raise ConfigError(f"{cfg.where('fp8_backend', 'use_fp8')}: key 'fp8_backend': "
+                          f"'{cfg.fp8_backend}' cannot run "
                           f"here: {reason} (fp8_fallback: error; fp8_fallback: bf16 trains "
                           "without FP8 instead)")
     warn(f"FP8 backend '{cfg.fp8_backend}' cannot run here: {reason}. Training WITHOUT FP8, "

@@ -309,7 +309,10 @@ def check_trial_config(command: list[str], program: str, params: dict) -> Config
 
 def strip_source(msg: str) -> str:
     """A config error as part of a sweep error: without the base config's file name."""
-    msg = repo_relative(msg).replace("the command line: ", "")
+    # "--key=value on the command line: key 'x' ...", "--key=value, base.yaml: key 'x' ...":
+    # where the values came from goes; the sweep error names the parameter.
+    msg = re.sub(r"^.*?: (?=keys? ')", "", repo_relative(msg), count=1)
+    msg = msg.replace("the command line: ", "")
     head, sep, rest = msg.partition(": ")
     if sep and (head.endswith(".yaml") or head.endswith(".yml")):
         msg = rest

@@ -27,6 +27,17 @@ def _reason(e: BaseException) -> str:
     return one_line(e, with_type=True, first_line=True)
 
 
+def _wandb():
+    """The wandb package; a SweepError (exit 2, one line) where it is not installed."""
+    try:
+        import wandb
+    except ImportError:
+        raise SweepError("create and agent talk to the W&B server through the wandb package, "
+                         "which is not installed: pip install wandb (local needs no "
+                         "server)") from None
+    return wandb
+
+
 def _base_config(cfg: dict) -> Config:
     """A trial's run config (the first value of each parameter), for the defaults of
     project / entity / use_wandb. `cfg` has been validated."""
@@ -42,7 +53,7 @@ def create(path: str, project: Optional[str] = None, entity: Optional[str] = Non
     base = _base_config(cfg)
     project = project or cfg.get("project") or base.wandb_project
     entity = entity or cfg.get("entity") or base.wandb_entity
-    import wandb
+    wandb = _wandb()
     try:
         sweep_id = wandb.sweep(sweep=cfg, project=project, entity=entity)
     except KeyboardInterrupt:
@@ -78,7 +89,7 @@ def split_sweep_path(sweep_id: str, entity: Optional[str], project: Optional[str
 
 
 def fetch_sweep_config(sweep_id: str, project: Optional[str], entity: Optional[str]) -> dict:
-    import wandb
+    wandb = _wandb()
 
     entity, project, name = split_sweep_path(sweep_id, entity, project)
     path = "/".join(x for x in (entity, project, name) if x)
@@ -158,7 +169,7 @@ def agent(sweep_id: str, *, count: Optional[int] = None, project: Optional[str] 
         if path is not None:
             env["PATH"] = path
         out(f"agent: {LAUNCHER_VAR}={shlex.join(launcher)}")
-        import wandb
+        wandb = _wandb()
         with _agent_process_state(env, stops):
             try:
                 wandb.agent(name, entity=entity, project=project, count=count,
