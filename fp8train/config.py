@@ -346,7 +346,7 @@ def load_config(argv: list[str]) -> Config:
     return cfg
 
 
-def _layer(cfg: Config, key: str) -> int:
+def origin_layer(cfg: Config, key: str) -> int:
     """How late the key's value was set: 0 default, 1 config file, 2 command line."""
     origin = cfg.origins.get(key)
     return 0 if origin is None else 2 if origin.startswith("--") else 1
@@ -366,7 +366,7 @@ def validate(cfg: Config) -> None:
     # the same place as the warmup, or before it, contradicts it.
     which = "lr_decay_steps" if cfg.lr_decay_steps else "max_steps" if cfg.max_steps else None
     if which and cfg.warmup_steps >= getattr(cfg, which) and \
-            _layer(cfg, "warmup_steps") >= _layer(cfg, which):
+            origin_layer(cfg, "warmup_steps") >= origin_layer(cfg, which):
         err(f"key 'warmup_steps' ({cfg.warmup_steps}) must be smaller than {which} "
             f"({getattr(cfg, which)}): the LR would never decay", "warmup_steps", which)
     if cfg.penalty_weight > 0 and cfg.penalty_type == "none":

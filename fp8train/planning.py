@@ -10,7 +10,8 @@ import torch
 
 from . import autobatch
 from .batching import BatchPlan, manual_plan
-from .config import Config
+from .config import Config, origin_layer
+from .errors import ConfigError
 from .loss import lm_loss
 from .model import GPT
 from .optimizer import build_optimizer
@@ -41,7 +42,16 @@ def run_length(cfg: Config, train_tokens: int, plan: BatchPlan) -> RunLength:
     total = min(candidates)
     lr_steps = cfg.lr_decay_steps or total
     warmup, note = cfg.warmup_steps, ""
-    if warmup >= lr_steps:     # contradictions were refused as the config loaded
+    by_epochs = not cfg.lr_decay_steps and lr_steps != cfg.max_steps
+    if warmup >= lr_steps and by_epochs and \
+            origin_layer(cfg, "warmup_steps") >= origin_layer(cfg, "num_epochs"):
+        # As for max_steps (config.validate): a length set with the warmup, or after it, means
+        # both, and they contradict each other. Epochs become steps only now, with the data.
+        raise ConfigError(f"{cfg.where('warmup_steps', 'num_epochs')}: key 'warmup_steps' "
+                          f"({cfg.warmup_steps}) must be smaller than the run's total steps "
+                          f"(num_epochs {cfg.num_epochs} × {steps_per_epoch} steps/epoch = "
+                          f"{lr_steps}): the LR would never decay")
+    if warmup >= lr_steps:     # the contradictions above, and in config.validate, were refused
         warmup = int(lr_steps * SHORTENED_WARMUP)
         what = "lr_decay_steps" if cfg.lr_decay_steps else "the run's"
         note = (f"warmup_steps ({cfg.warmup_steps}, "
