@@ -246,17 +246,32 @@ class CheckpointManager:
             shutil.rmtree(path, ignore_errors=True)
 
 
+# Read errors that say for certain what is on disk; any other (EIO, ESTALE, EACCES) does not.
+_CERTAIN = (FileNotFoundError, IsADirectoryError, NotADirectoryError)
+
+
 def verify(path: str, resume: bool = False) -> tuple[str | None, str]:
     """(problem, note): problem is None when the checkpoint is complete, every file matches its
     manifest and nothing in it could run code when loaded (`unsafe_content`: a checksum does not
     tell a crafted checkpoint, whose author writes the manifest too); note: what was checked.
     A checkpoint without a manifest is read unverified for its model (an older fp8train wrote
     none), but never resumed (`resume`): this version writes the manifest before the directory
-    gets its name, so a step directory without one is damaged or a partial copy."""
+    gets its name, so a step directory without one is damaged or a partial copy.
+
+    A read that fails for any reason but a missing file (EIO, ESTALE, EACCES: a network
+    filesystem's hiccup, a permission) proves nothing about the checkpoint: that is a
+    ConfigError, so that an intact checkpoint is never moved aside for it."""
     try:
-        names = os.listdir(path)
+        return _verify(path, resume)
     except OSError as e:
-        return f"cannot be read ({_describe(e)})", ""
+        if isinstance(e, _CERTAIN):   # vanished, or not what was written, while checked
+            return f"cannot be read ({_describe(e)})", ""
+        raise ConfigError(f"checkpoint '{path}' cannot be read ({_describe(e)}); nothing was "
+                          f"moved aside: check the filesystem and try again") from None
+
+
+def _verify(path: str, resume: bool) -> tuple[str | None, str]:
+    names = os.listdir(path)
     if MANIFEST not in names:
         if not any(f.startswith(("model", "pytorch_model")) for f in names):
             return ("empty" if not names else "no manifest and no model files"), ""
@@ -274,14 +289,17 @@ def verify(path: str, resume: bool = False) -> tuple[str | None, str]:
                 isinstance(w, dict) and isinstance(w.get("size"), int)
                 and isinstance(w.get("sha256"), str) for w in files.values()):
             raise ValueError("its file list is not {name: {size, sha256}}")
-    except (OSError, ValueError, KeyError, TypeError) as e:
+    except (*_CERTAIN, ValueError, KeyError, TypeError) as e:
         return f"unreadable manifest ({_describe(e)})", ""
     t0, total = time.time(), 0
     for rel, want in files.items():
         full = os.path.join(path, rel)
+        try:
+            size = os.stat(full).st_size
+        except _CERTAIN:
+            return f"file '{rel}' is missing", ""
         if not os.path.isfile(full):
             return f"file '{rel}' is missing", ""
-        size = os.path.getsize(full)
         if size != want["size"]:
             return f"file '{rel}' has {size:,} bytes, the manifest says {want['size']:,}", ""
         total += size

@@ -15,7 +15,7 @@ from typing import Any, Optional
 import yaml
 
 from .data_source import dataset_error, resolved_dataset
-from .errors import ConfigError  # noqa: F401  (raised here, imported from here by many)
+from .errors import ConfigError, one_line  # noqa: F401  (ConfigError: imported from here by many)
 from .redaction import redact
 from .schema import (DERIVED_SECTION, GROUPS, KEYS, KNOWN_DATASETS, MODEL_PRESETS,
                      RESUME_FREE, SECTIONS, Config, _base_type, _describe, _is_optional,
@@ -91,6 +91,23 @@ StrictLoader.add_constructor("tag:yaml.org,2002:float", StrictLoader.construct_y
 def yaml_scalar(text: str) -> Any:
     """A command-line value read as a YAML scalar, as in a config file."""
     return yaml.load(text, Loader=StrictLoader)
+
+
+class StrictDumper(yaml.SafeDumper):
+    """Writes what StrictLoader reads back the same: PyYAML's dumper quotes by YAML 1.1, so it
+    would leave `3e-4` or `0o7` plain, and the loader above would read a number."""
+
+
+def _represent_str(dumper, value: str):
+    try:
+        plain_is_text = isinstance(yaml_scalar(value), str)
+    except yaml.YAMLError:
+        plain_is_text = True     # not a plain scalar at all: the dumper quotes it by itself
+    return dumper.represent_scalar("tag:yaml.org,2002:str", value,
+                                   style=None if plain_is_text else "'")
+
+
+StrictDumper.add_representer(str, _represent_str)
 
 
 # --- one value ----------------------------------------------------------------------------------
@@ -194,6 +211,8 @@ def read_yaml(path: str, what: str = "config file",
         if "'\\t'" in problem:
             problem += " (YAML indents with spaces, never tabs)"
         raise ConfigError(f"{path}: not valid YAML{where}: {problem}") from None
+    except ValueError as e:   # an explicit tag on a value it cannot hold: `!!int abc`
+        raise ConfigError(f"{path}: not valid YAML: {one_line(e, 200)}") from None
     if data is None:
         raise ConfigError(f"{path}: file is empty, expected {expected}")
     if not isinstance(data, dict):
@@ -317,7 +336,7 @@ def _cli_value(f, text: str) -> Any:
         return _BOOL_WORDS[text.lower()]
     try:
         return yaml_scalar(text)
-    except yaml.YAMLError:
+    except (yaml.YAMLError, ValueError):   # ValueError: `!!int abc`
         return text
 
 
@@ -419,11 +438,12 @@ def dump_yaml(cfg: Config, derived: Optional[dict] = None) -> str:
     for group, fs in by_group.items():
         lines.append(f"# {group}")
         for f in fs:
-            lines.append(yaml.safe_dump({f.name: redact(getattr(cfg, f.name))},
-                                        default_flow_style=True, width=1000).strip()
+            lines.append(yaml.dump({f.name: redact(getattr(cfg, f.name))}, Dumper=StrictDumper,
+                                   default_flow_style=True, width=1000).strip()
                          .removeprefix("{").removesuffix("}"))
     text = "\n".join(lines) + "\n"
     if derived:
         text += "# written by the trainer; ignored when this file is loaded\n"
-        text += yaml.safe_dump({DERIVED_SECTION: redact(derived)}, sort_keys=False)
+        text += yaml.dump({DERIVED_SECTION: redact(derived)}, Dumper=StrictDumper,
+                          sort_keys=False)
     return redact(text)

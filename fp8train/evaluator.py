@@ -65,8 +65,9 @@ class Evaluator:
             self.log.msg(f"target val/loss {self.ev.target_val_loss:g} reached at step "
                          f"{st.step:,}: val/loss {val_loss:.4f} after {hms(train_seconds)} of "
                          f"training ({st.tokens:,} tokens)")
-        if self.samples is not None and stopper is not None and stopper.requests.received:
-            # rank 0's own decision: samples are taken there alone, outside any collective
+        # Agreed: every rank generates (under FSDP each forward is a collective), so every rank
+        # must skip the samples together, whichever rank a signal reached first.
+        if stopper is not None and stopper.requested():
             self.log.msg(f"text samples of step {st.step:,} skipped: a stop was requested")
         else:
             self._samples(model, st.step)

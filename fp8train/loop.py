@@ -68,11 +68,13 @@ class Trainer:
         total = self.feed.sched.total_steps
         stop_reason, at_target = None, False
         self.net.model.train()
-        self.batches = self.feed.stream(st.data_position)
         self.carry_in()
         p.meter.start()   # training time only: eval and checkpoints excluded
         p.wall.start()
         with p.stopper:   # stop signals are acted on (at step boundaries) from here on
+            # Its prefetch thread starts here, where a signal no longer raises: the finally
+            # below always closes it (one left running at exit can abort the process).
+            self.batches = self.feed.stream(st.data_position)
             try:
                 if self.run.eval_pending:   # the checkpoint's evaluation, abandoned at a stop
                     at_target = self.eval_and_save(st.step >= total, None, redo=True)

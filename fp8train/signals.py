@@ -166,6 +166,12 @@ class Stopper:
             self.reason = f"max_hours ({self.max_hours:g}) reached"
         return self.reason
 
+    def requested(self) -> bool:
+        """Whether any rank has received a stop signal: agreed (every rank calls it, one small
+        all-reduce), and it changes nothing, unlike `interrupts`."""
+        mine = int(self.requests.received is not None)
+        return bool(mine if self.world == 1 else agreed_max(mine, self.device))
+
     def interrupts(self, batches: int) -> bool:
         """Whether an evaluation, `batches` batches in, is abandoned for a stop signal: agreed,
         so that every rank leaves it at the same batch (its forwards may be collectives).

@@ -455,3 +455,30 @@ def test_real_runs_print_each_save_keep_modes_pass_over_damage_and_refuse_a_mism
         f"error: cannot resume from '{out / 'checkpoints' / 'step_0000003'}': it does not match "
         "this run's model"), r.stderr
     assert (out / "checkpoints" / "step_0000003").is_dir()   # intact: not moved aside
+
+
+@pytest.mark.parametrize("where", ["listdir", "open"])
+def test_a_read_error_that_proves_nothing_moves_no_checkpoint_aside(tmp_path, monkeypatch, where):
+    """EIO from a network filesystem's hiccup (simulated: it cannot be produced on a local disk)
+    says nothing about the checkpoint: the resume stops in one line, and nothing is moved aside,
+    where a missing file would have been passed over."""
+    import errno
+
+    import fp8train.checkpoint as ckpt
+    m = saved(tmp_path, 1, 2)
+    newest = str(tmp_path / "checkpoints" / "step_0000002")
+    real = {"listdir": os.listdir, "open": open}[where]
+
+    def flaky(path, *a, **k):
+        if str(path).startswith(newest):
+            raise OSError(errno.EIO, "Input/output error", str(path))
+        return real(path, *a, **k)
+    if where == "open":
+        monkeypatch.setattr("builtins.open", flaky)
+    else:
+        monkeypatch.setattr(ckpt.os, where, flaky)
+    with pytest.raises(ConfigError, match=r"step_0000002' cannot be read \(.*nothing was moved"):
+        resolve_resume("auto", m, warn=lambda msg: None)
+    monkeypatch.undo()
+    assert sorted(os.listdir(tmp_path / "checkpoints")) == ["latest", "step_0000001",
+                                                            "step_0000002"]

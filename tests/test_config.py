@@ -201,6 +201,20 @@ def test_written_config_loads_back_identically(tmp_path):
     assert C.to_dict(again) == C.to_dict(cfg)
 
 
+def test_text_that_reads_as_a_number_is_written_quoted_and_loads_back_as_text(tmp_path):
+    """YAML 1.2 reads a plain `3e-4` as a number where PyYAML's 1.1 dumper would leave it
+    plain: the run's config.yaml must still load as the text it was."""
+    given = tmp_path / "given.yaml"
+    given.write_text("wandb_run_name: '3e-4'\nwandb_tags: [lr, '3e-4', '0o7', 'yes', '10']\n")
+    cfg = load_config(["--config", str(given)])
+    assert cfg.wandb_run_name == "3e-4" and cfg.wandb_tags == ["lr", "3e-4", "0o7", "yes", "10"]
+    path = tmp_path / "config.yaml"
+    path.write_text(C.dump_yaml(cfg, {"note": "1e5"}))
+    again = load_config(["--config", str(path)])
+    assert C.to_dict(again) == C.to_dict(cfg)
+    assert yaml.load(path.read_text(), Loader=C.StrictLoader)["derived"]["note"] == "1e5"
+
+
 def test_help_lists_every_key_without_importing_torch():
     code = ("import sys; from fp8train.cli import main; rc = main(['--help']); "
             "print('TORCH', 'torch' in sys.modules, rc)")
