@@ -48,6 +48,10 @@ FSDP_SKIP = textwrap.dedent("""
                interval=health.interval().tolist())
     with open(f"{sys.argv[2]}/rank{dist.get_rank()}.json", "w") as fh:
         json.dump(out, fh)
+    # Both ranks done before either tears gloo down: without it, a rank still in FSDP2's last
+    # collective when the other destroys the group aborts now and then ("terminate called
+    # without an active exception").
+    dist.barrier()
     dist.destroy_process_group()
 """)
 
