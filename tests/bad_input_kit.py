@@ -109,3 +109,17 @@ def yaml_case(case_id, text, expect):
     """A config file holding `text`, passed alone with --config."""
     return Case(case_id, ["--config", "{d}/x.yaml"], prefix="bare", files={"x.yaml": text},
                 expect=expect)
+
+
+def write_files(d: Path, files: dict, fill=lambda text: text) -> None:
+    """A case's `files` under `d`: str (through `fill`, for placeholders), bytes, or DIR."""
+    for rel, content in files.items():
+        p = d / rel
+        if content is DIR:
+            p.mkdir(parents=True, exist_ok=True)
+            continue
+        p.parent.mkdir(parents=True, exist_ok=True)
+        if isinstance(content, bytes):
+            p.write_bytes(content)
+        else:
+            p.write_text(fill(content))

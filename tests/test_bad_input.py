@@ -39,7 +39,7 @@ import bad_cases_tools
 from bad_input_kit import (CORPUS, DEAD_PROXY, DIR, FAST, OFFLINE_TOKENIZERS, TIMEOUT, WORKERS,
                            Case, corrupt_checkpoint, corrupt_checkpoint_without_manifest,
                            meta_not_json, meta_without_vocab, missing_shard, prepared_with_gpt2,
-                           short_val_split, truncated_shard, yaml_case)
+                           short_val_split, truncated_shard, write_files, yaml_case)
 from conftest import run_train, tiny_args
 
 # --- the corpus: the general cases here; each area adds its own in tests/bad_cases_<area>.py ---
@@ -221,16 +221,7 @@ def _fill(text: str, d: Path, run: Path) -> str:
 
 
 def _materialise(case: Case, d: Path, run: Path) -> tuple[list, dict]:
-    for rel, content in case.files.items():
-        p = d / rel
-        if content is DIR:
-            p.mkdir(parents=True, exist_ok=True)
-            continue
-        p.parent.mkdir(parents=True, exist_ok=True)
-        if isinstance(content, bytes):
-            p.write_bytes(content)
-        else:
-            p.write_text(_fill(content, d, run))
+    write_files(d, case.files, lambda text: _fill(text, d, run))
     if case.setup:
         case.setup(d)
     fast = {k: _fill(str(v), d, run) for k, v in FAST.items()}

@@ -7,7 +7,7 @@ import sys
 import pytest
 
 from bad_cases_tools import TOOL_CASES
-from bad_input_kit import DIR
+from bad_input_kit import write_files
 from conftest import ROOT, run_train, tiny_args
 
 
@@ -53,16 +53,7 @@ def _fill_tool(text: str, d, python: str) -> str:
 @pytest.mark.parametrize("case", [pytest.param(c, id=c.id) for c in TOOL_CASES])
 def test_tool_bad_input_is_one_line_and_exit_2(case, tmp_path):
     d = tmp_path
-    for rel, content in case.files.items():
-        p = d / rel
-        if content is DIR:
-            p.mkdir(parents=True, exist_ok=True)
-            continue
-        p.parent.mkdir(parents=True, exist_ok=True)
-        if isinstance(content, bytes):
-            p.write_bytes(content)
-        else:
-            p.write_text(content)
+    write_files(d, case.files)
     bare = d / "bare-python"   # this interpreter without its site-packages: no torch, ...
     bare.write_text(f'#!/bin/sh\nexec {shlex.quote(sys.executable)} -S "$@"\n')
     bare.chmod(0o755)
