@@ -29,6 +29,7 @@ from concurrent.futures import ThreadPoolExecutor
 
 from .agreement import first_error
 from .config import RESUME_FREE, ConfigError
+from .schema import upgrade_saved
 from .safe_load import describe_error as _describe, unsafe_content
 from .train_state import TrainState
 
@@ -617,7 +618,7 @@ def changed_on_resume(checkpoint: str, current: dict, derived: dict | None = Non
     if not os.path.isfile(path):
         return []
     with open(path, encoding="utf-8") as fh:
-        saved = yaml.safe_load(fh) or {}
+        saved = upgrade_saved(yaml.safe_load(fh) or {})
     before = saved.pop("derived", None) or {}
     changes = [f"{k} {saved[k]!r} -> {v!r}" for k, v in current.items()
                if k in saved and k not in RESUME_FREE and saved[k] != v]

@@ -17,8 +17,8 @@ import yaml
 from .data_source import dataset_error, resolved_dataset
 from .errors import ConfigError, one_line  # noqa: F401  (ConfigError: imported from here by many)
 from .redaction import redact
-from .schema import (DERIVED_SECTION, GROUPS, KEYS, KNOWN_DATASETS, MODEL_PRESETS,
-                     RESUME_FREE, SECTIONS, Config, _base_type, _describe, _is_optional,
+from .schema import (DELAYED_SCALING_KEYS, DERIVED_SECTION, FP8_RECIPES, GROUPS, KEYS,
+                     KNOWN_DATASETS, MODEL_PRESETS, RESUME_FREE, SECTIONS, Config, _base_type, _describe, _is_optional,
                      help_text, key_fields, section, to_dict)
 
 # The schema's names are read from here too (config.Config, config.KEYS, ...).
@@ -412,6 +412,8 @@ def validate(cfg: Config) -> None:
     if cfg.use_fp8 and cfg.seq_len % 16:
         err(f"key 'seq_len' ({cfg.seq_len}) must be a multiple of 16 with use_fp8: FP8 GEMMs "
             "need the token dimension divisible by 16", "seq_len", "use_fp8")
+    if cfg.use_fp8:
+        _check_fp8_recipe(cfg, err)
     if cfg.fp8_min_layer_size and cfg.fp8_layers != "min_size":
         err(f"key 'fp8_min_layer_size' ({cfg.fp8_min_layer_size}) applies only with fp8_layers: "
             f"min_size, but fp8_layers is '{cfg.fp8_layers}'; set fp8_layers: min_size or "
@@ -427,6 +429,27 @@ def validate(cfg: Config) -> None:
             err(f"key 'resume': {problem}"
                 + ("; resume is auto, never or a path" if "not found" in problem else ""),
                 "resume")
+
+
+def _check_fp8_recipe(cfg: Config, err) -> None:
+    backend, recipe = cfg.fp8_backend, cfg.fp8_recipe
+    accepted = FP8_RECIPES[backend]
+    if recipe not in accepted:
+        legacy = " (a config.yaml written by an older fp8train recorded torchao's default " \
+            "here, where it meant delayed scaling: remove the line)" \
+            if recipe == "tensorwise" else ""
+        err(f"key 'fp8_recipe' is '{recipe}', which fp8_backend '{backend}' does not have; "
+            f"{backend} accepts {' | '.join(accepted)}{legacy}", "fp8_recipe", "fp8_backend")
+    if recipe in ("current", "block"):
+        for key in DELAYED_SCALING_KEYS:
+            if key in cfg.origins:
+                err(f"key '{key}' applies to delayed scaling only, but fp8_recipe is '{recipe}' "
+                    "(each tensor scaled from its own amax at every step: no margin, no "
+                    "history); remove it", key, "fp8_recipe")
+    if cfg.fp8_fsdp_all_gather and (backend, recipe) != ("torchao", "tensorwise"):
+        err(f"key 'fp8_fsdp_all_gather' needs fp8_backend torchao with fp8_recipe tensorwise "
+            f"(here {backend} / {recipe}); remove it", "fp8_fsdp_all_gather", "fp8_backend",
+            "fp8_recipe")
 
 
 def dump_yaml(cfg: Config, derived: Optional[dict] = None) -> str:

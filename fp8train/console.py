@@ -1,15 +1,37 @@
 """What every entry point (train_fp8.py, run_sweep.py, scripts/*.py) does the same way with the
-console: a reader that stops reading (`--help | head`) ends the program quietly.
+console: a reader that stops reading (`--help | head`) ends the program quietly, and torchao's
+import noise stays off it.
 
 Standard library only, like errors.py: imported before anything heavy.
 """
 from __future__ import annotations
 
+import logging
 import os
 import sys
 from typing import Callable
 
 from .errors import EXIT_FAILED, EXIT_OK
+
+
+class _TorchaoImportNoise(logging.Filter):
+    """Importing torchao logs each optional kernel library it cannot load on this machine, and
+    torch logs torchao's Enum registrations as deprecated. Neither concerns a run: those two
+    messages are dropped, every other record passes."""
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        msg = record.getMessage()
+        return not ((msg.startswith("Failed to load ") and "torchao" in msg)
+                    or "is an Enum subclass and is now natively supported" in msg)
+
+
+def drop_torchao_import_noise() -> None:
+    """Before torchao is imported: the FP8 backend, and loading an export back (transformers'
+    quantizers import torchao when it is installed)."""
+    for name in ("torchao", "torch.utils._pytree"):
+        logger = logging.getLogger(name)
+        if not any(isinstance(f, _TorchaoImportNoise) for f in logger.filters):
+            logger.addFilter(_TorchaoImportNoise())
 
 
 def run_main(main: Callable[[], "int | None"]) -> int:

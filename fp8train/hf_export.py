@@ -12,12 +12,12 @@ target, see ModelConfig.pad_vocab_multiple) would otherwise be ids the tokenizer
 from __future__ import annotations
 
 import json
-import logging
 import os
 
 import torch
 
 from .config import ConfigError
+from .console import drop_torchao_import_noise
 from .model import ModelConfig
 
 DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16, "fp16": torch.float16}
@@ -25,25 +25,6 @@ DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16, "fp16": torch.float16}
 # largest |logit| (at least 1). Measured: about 1e-6 in fp32 on CPU (summation order in the
 # attention and norm kernels differs).
 LOGIT_TOLERANCE = 1e-4
-
-
-class _TorchaoImportNoise(logging.Filter):
-    """Loading the export back imports transformers' quantizers, which import torchao when it
-    is installed; torchao then logs each optional kernel library it cannot load on this
-    machine, and torch logs its Enum registrations as deprecated. Neither concerns the export:
-    those two messages are dropped, every other record passes."""
-
-    def filter(self, record: logging.LogRecord) -> bool:
-        msg = record.getMessage()
-        return not ((msg.startswith("Failed to load ") and "torchao" in msg)
-                    or "is an Enum subclass and is now natively supported" in msg)
-
-
-def _drop_torchao_import_noise() -> None:
-    for name in ("torchao", "torch.utils._pytree"):
-        logger = logging.getLogger(name)
-        if not any(isinstance(f, _TorchaoImportNoise) for f in logger.filters):
-            logger.addFilter(_TorchaoImportNoise())
 
 
 def hf_config(mcfg: ModelConfig, bos: int | None = None, eos: int | None = None):
@@ -224,7 +205,7 @@ def export(path: str, out_dir: str, dtype_name: str = "fp32", tokenizer: bool = 
         + (f", tokenizer '{t.cfg.tokenizer}'" if tok is not None else ", no tokenizer files"))
 
     # The check a user would do: load it the standard way, compare with our forward pass.
-    _drop_torchao_import_noise()
+    drop_torchao_import_noise()
     import transformers
     transformers.utils.logging.disable_progress_bar()
     hf = transformers.AutoModelForCausalLM.from_pretrained(out_dir, dtype=torch.float32).eval()

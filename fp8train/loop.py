@@ -175,6 +175,7 @@ class Trainer:
         net.inner_optimizer.found_inf = skip   # the fused kernel skips it: no host sync
         with net.optimizer_context():
             net.optimizer.step()
+        net.prec.after_optimizer_step()
         net.optimizer.zero_grad(set_to_none=net.grads_to_none)
         st.step += 1
         st.tokens += self.feed.tokens_per_step
@@ -280,8 +281,17 @@ class Trainer:
             if device.type == "cuda" else None
         report = summary.build(self.run.facts, st, self.net.prec.derived(), dict(
             status=status, exit_code=exit_code, final_val=p.evaluator.final,
-            latest_checkpoint=p.checkpointer.latest(), peak_memory_gb=peak_mem))
+            latest_checkpoint=p.checkpointer.latest(), peak_memory_gb=peak_mem),
+            fp8=self.fp8_facts())
         for line in summary.describe(report):
             self.log.msg(line)
         self.log.summary(self.run.run_dir, report)
         return exit_code
+
+    def fp8_facts(self):
+        """What the FP8 verdict needs: the precision as it ended (a recovery may have switched
+        FP8 off) and the converted layers' shapes, read from the model without its wrappers
+        (DDP, torch.compile) so that the layer names match the selection's."""
+        from .precision.verdict import facts_of
+        model = self.acc.unwrap_model(self.net.model, keep_torch_compile=False)
+        return facts_of(self.net.prec, model)

@@ -112,3 +112,28 @@ def lr_schedule(config: dict):
     # Step 0 (before the first step) continues the warmup's line down to 0.
     return steps, [lr_at(s - 1, **kw) if s else 0.0 if kw["warmup_steps"] else kw["max_lr"]
                    for s in steps]
+
+
+def val_points(rows: list, time_key: str = "time/train_s") -> "tuple[list, str]":
+    """(points, why): the evaluations in `rows` (load_rows' order) as (step, val/loss, seconds)
+    with seconds the row's `time_key` (training time: evaluation and checkpoints excluded), the
+    non-finite losses left out; no points: `why` says what the rows lack."""
+    import math
+    evals = [r for r in rows if "val/loss" in r]
+    if not evals:
+        return [], "no val rows"
+    finite = [r for r in evals if isinstance(r["val/loss"], (int, float))
+              and math.isfinite(r["val/loss"])]
+    if not finite:
+        return [], "no finite val/loss"
+    points = [(r["step"], float(r["val/loss"]), r[time_key]) for r in finite
+              if isinstance(r.get(time_key), (int, float)) and not isinstance(r[time_key], bool)]
+    if not points:
+        return [], f"no {time_key} in its val rows (written by an older fp8train)"
+    return points, ""
+
+
+def first_reaching(points: list, loss: float):
+    """The first (step, val/loss, seconds) at or below `loss`, nothing interpolated; None when
+    no evaluation reached it."""
+    return next((p for p in points if p[1] <= loss), None)

@@ -19,6 +19,14 @@ GROUPS = ("run", "data", "model", "batch", "optimizer", "duration", "loss", "pre
 MODEL_PRESETS = ("gpt2-124m", "gpt2-350m", "llama-350m", "llama-1b", "tiny", "tiny-llama")
 KNOWN_DATASETS = ("tinyshakespeare", "fineweb-edu", "openwebtext", "synthetic")
 
+# fp8_backend -> the values of fp8_recipe it accepts; the first is its default. Delayed scaling
+# derives each tensor's scale from an amax history (fp8_margin, fp8_amax_*); every other recipe
+# scales each tensor, row or block from its own amax at every step.
+FP8_RECIPES = {"te": ("delayed", "current", "block"),
+               "torchao": ("tensorwise", "rowwise", "rowwise_with_gw_hp"),
+               "native": ("delayed", "current")}
+DELAYED_SCALING_KEYS = ("fp8_margin", "fp8_amax_history_len", "fp8_amax_compute_algo")
+
 
 def _key(default, doc, group, *, choices=None, min=None, max=None, gt=None, resume="locked"):
     """A config key: its default, one-line doc, group, the bounds validation checks, and
@@ -170,9 +178,13 @@ class Config:
     fp8_fallback: str = _key("bf16", "when FP8 cannot run: bf16 (warn) | error (exit 2)", "fp8",
                              choices=("bf16", "error"), resume="free")
     fp8_eval: bool = _key(False, "evaluate in FP8 too (default: bf16)", "fp8", resume="free")
-    fp8_recipe: str = _key(
-        "tensorwise", "torchao scaling recipe: tensorwise | rowwise | rowwise_with_gw_hp", "fp8",
-        choices=("tensorwise", "rowwise", "rowwise_with_gw_hp"))
+    fp8_recipe: Optional[str] = _key(
+        None, "the scaling recipe, per backend (the first is its default): te delayed | current | "
+        "block; torchao tensorwise | rowwise | rowwise_with_gw_hp; native delayed | current",
+        "fp8", choices=tuple(dict.fromkeys(r for rs in FP8_RECIPES.values() for r in rs)))
+    fp8_fsdp_all_gather: Optional[bool] = _key(
+        None, "FSDP2 with torchao tensorwise: all-gather the weights in FP8 (half the bytes of "
+        "bf16); default on there, false gathers in bf16", "fp8", resume="free")
     fp8_layers: str = _key(
         "auto", "which eligible Linears (dims divisible by 16, not in fp8_exclude) go to FP8: "
         "auto (each shape timed on the GPU, FP8 where faster; all on CPU) | all | min_size "
@@ -222,7 +234,7 @@ class Config:
         "(0 = skip only, never restore)", "reliability", min=0, resume="free")
     fp8_recovery: str = _key(
         "margin", "remedy applied with that restore in an FP8 run: margin (fp8_margin + 1; "
-        "torchao, which has none, goes to bf16) | bf16 (FP8 off)", "reliability",
+        "recipes without a margin, all but delayed, go to bf16) | bf16 (FP8 off)", "reliability",
         choices=("margin", "bf16"), resume="free")
     loss_spike_factor: float = _key(
         3.0, "log a loss spike when a step's loss exceeds this many times the running mean "
@@ -253,11 +265,24 @@ class Config:
         if self.eval_interval is None:   # a target is noticed sooner with more evaluations
             object.__setattr__(self, "eval_interval",
                                500 if self.target_val_loss is not None else 1000)
+        if self.fp8_recipe is None:      # the backend's own default recipe
+            object.__setattr__(self, "fp8_recipe", FP8_RECIPES[self.fp8_backend][0])
 
 
 # Keys a later part of the pipeline writes into config.yaml; accepted (and ignored) on load so
 # that a run's config.yaml can be fed back with --config.
 DERIVED_SECTION = "derived"
+
+
+def upgrade_saved(values: dict) -> dict:
+    """A run's saved config.yaml as this version reads it: files written before fp8_recipe
+    named every backend's recipe recorded torchao's default ('tensorwise') under te and
+    native too, where it meant their delayed scaling."""
+    backend = values.get("fp8_backend")
+    if backend in FP8_RECIPES and backend != "torchao" and \
+            values.get("fp8_recipe") == "tensorwise":
+        values = dict(values, fp8_recipe=FP8_RECIPES[backend][0])
+    return values
 
 
 def key_fields():

@@ -6,11 +6,12 @@ from __future__ import annotations
 from .metrics import mfu
 
 
-def build(facts: dict, st, precision: dict, outcome: dict) -> dict:
+def build(facts: dict, st, precision: dict, outcome: dict, fp8=None) -> dict:
     """`facts`: what the run decided at start (its derived values, model, target, peak FLOP/s);
     `st`: the TrainState; `precision`: the precision's derived values now (a rollback may have
     turned FP8 off); `outcome`: status, exit_code, final_val ((step, val/loss) of the last
-    evaluation), latest_checkpoint and peak_memory_gb."""
+    evaluation), latest_checkpoint and peak_memory_gb; `fp8`: the precision's verdict facts
+    (precision/verdict.py's Fp8Facts; None: no verdict, as for a run without FP8)."""
     steady = st.steady_seconds > 0
     tok_s = st.steady_tokens / st.steady_seconds if steady else None
     target = facts["target_val_loss"]
@@ -46,7 +47,17 @@ def build(facts: dict, st, precision: dict, outcome: dict) -> dict:
         "skipped_steps": st.skipped_steps, "rollbacks": st.rollbacks,
         "checkpoints_written": st.checkpoints_written,
         "latest_checkpoint": outcome["latest_checkpoint"],
+        "fp8_verdict": _fp8_verdict(fp8, facts, tok_s),
     }
+
+
+def _fp8_verdict(fp8, facts: dict, tok_s):
+    """What FP8 bought this run (precision/verdict.py), from its steady-state step time."""
+    if fp8 is None:
+        return None
+    from .precision.verdict import verdict
+    return verdict(fp8, facts["flops_per_token"], tok_s, facts["tokens_per_step"],
+                   facts["gradient_accumulation_steps"])
 
 
 def describe(s: dict) -> list[str]:
@@ -73,4 +84,5 @@ def describe(s: dict) -> list[str]:
             if s["target_met"] else
             f"summary: target val/loss {t:g} NOT met: best {num(s['best_val_loss'], '.4f')}, "
             f"gap {num(s['target_gap'], '.4f')}")
-    return lines
+    from .precision.verdict import describe as fp8_lines
+    return lines + fp8_lines(s.get("fp8_verdict"))

@@ -12,15 +12,24 @@ running, or killed) is read from its metrics.jsonl as far as it goes, and marked
 (OUT/val_loss.png, default OUT: the current directory's compare/) plots each run's val/loss
 against wall time (--x wall, the default), training time (--x train: evaluation and
 checkpoints excluded) or tokens (--x tokens).
+
+FP8 against its twin: each run with use_fp8 is compared with a run without it, the only such run
+given, else the one whose config differs from it only in precision, fp8 and wandb keys. Rows
+added in the FP8 run's column: tokens/s FP8 / twin (summary.json's steady-state tokens/s), the
+val/loss both runs reached (the worse of their two best val/loss), each run's training time to
+its first evaluation at or below it (from metrics.jsonl, nothing interpolated) and the ratio of
+those times, and what the run's own FP8 verdict says. A value that cannot be had says why.
 Exit 0: compared; 2: bad input.
 """
 import argparse
+import dataclasses
 import json
 import os
 import sys
 
 from fp8train.errors import EXIT_OK, ConfigError, run_reported
-from fp8train.metrics_reader import load_rows, read_run_config
+from fp8train.metrics_reader import first_reaching, load_rows, read_run_config, val_points
+from fp8train.schema import Config
 
 # (label, summary key or function of the summary, format)
 ROWS = [
@@ -56,6 +65,8 @@ ROWS = [
 ]
 # Keys that name or locate a run rather than configure its training: never a difference.
 NOT_COMPARED = ("output_dir", "resume", "plan_only", "derived")
+# Config groups an FP8 run and its twin may differ in (schema.py's groups).
+TWIN_GROUPS = ("precision", "fp8", "wandb")
 X_AXES = {"wall": ("time/wall_s", "wall time (min)", 1 / 60),
           "train": ("time/train_s", "training time (min)", 1 / 60),
           "tokens": ("tokens", "tokens (millions)", 1e-6)}
@@ -66,6 +77,11 @@ def _hms(seconds):
         return None
     s = int(round(seconds))
     return f"{s // 3600}:{s % 3600 // 60:02d}:{s % 60:02d}"
+
+
+def _seconds(seconds: float) -> str:
+    """A time to a loss: short runs (tests, demos) need the decimals that _hms drops."""
+    return f"{seconds:.1f} s" if seconds < 60 else _hms(seconds)
 
 
 def read_run(run_dir: str) -> tuple[dict, list]:
@@ -118,9 +134,116 @@ def _config_cell(config: dict, key: str) -> str:
     return v if isinstance(v, str) else json.dumps(v, default=str)   # as YAML: true, null
 
 
-def table(names: list, summaries: list, configs: list = ()) -> str:
+# --- FP8 against its twin ----------------------------------------------------------------------
+
+def is_fp8(config: dict, summary: dict) -> bool:
+    """The run asked for FP8: its config.yaml's use_fp8, else (no config.yaml) its summary."""
+    if isinstance(config.get("use_fp8"), bool):
+        return config["use_fp8"]
+    return summary.get("fp8_verdict") is not None or bool(summary.get("fp8_layers_converted"))
+
+
+def only_precision_differs(a: dict, b: dict) -> bool:
+    """The two configs differ only in keys of TWIN_GROUPS (and keys that name the run)."""
+    if not a or not b:
+        return False
+    group = {f.name: f.metadata.get("group") for f in dataclasses.fields(Config)}
+    keys = ({*a} | {*b}) - set(NOT_COMPARED)
+    return all(group.get(k) in TWIN_GROUPS for k in keys
+               if json.dumps(a.get(k), sort_keys=True, default=str)
+               != json.dumps(b.get(k), sort_keys=True, default=str))
+
+
+def twins(names: list, summaries: list, configs: list) -> "tuple[dict, list]":
+    """({FP8 run's index: its twin's index}, notes on FP8 runs left without a twin)."""
+    fp8 = [is_fp8(c, s) for c, s in zip(configs, summaries)]
+    plain = [j for j, f in enumerate(fp8) if not f]
+    found, notes = {}, []
+    for i in (i for i, f in enumerate(fp8) if f):
+        match = plain if len(plain) == 1 else \
+            [j for j in plain if only_precision_differs(configs[i], configs[j])]
+        if len(match) == 1:
+            found[i] = match[0]
+        elif plain:
+            notes.append(f"{names[i]}: no single run without FP8 whose config differs from it "
+                         f"only in {', '.join(TWIN_GROUPS)} keys ({len(match)} found): not "
+                         "compared with a twin")
+    return found, notes
+
+
+def time_to_shared_loss(name_a: str, rows_a: list, name_b: str, rows_b: list) -> dict:
+    """The val/loss both runs reached (the worse of their two best), each run's first
+    evaluation at or below it as (step, val/loss, training seconds), and the ratio a / b of
+    those times; `why` instead when a run has no usable val rows."""
+    points = {}
+    for name, rows in ((name_a, rows_a), (name_b, rows_b)):
+        pts, why = val_points(rows)
+        if not pts:
+            return {"why": f"{name}: {why}"}
+        points[name] = pts
+    shared = max(min(p[1] for p in pts) for pts in points.values())
+    a, b = (first_reaching(points[n], shared) for n in (name_a, name_b))
+    return {"loss": shared, "a": a, "b": b, "ratio": a[2] / b[2] if b[2] > 0 else None}
+
+
+def ratio_text(r: float) -> str:
+    return f"{r:.3f}×"
+
+
+def twin_rows(names: list, summaries: list, all_rows: list, pairs: dict) -> list:
+    """(label, cells) rows for the table: each FP8 run against its twin, in the FP8 run's
+    column ("twin of ..." in the twin's)."""
+    labels = ("twin without FP8", "tokens/s FP8 / twin", "val/loss both reached",
+              "training time to it (FP8 / twin)", "time to it FP8 / twin",
+              "FP8 verdict (this run's own)")
+    cells = {label: ["–"] * len(names) for label in labels}
+    for i, j in pairs.items():
+        fast = ("tokens/s FP8 / twin", tokens_ratio(names, summaries, i, j))
+        t = time_to_shared_loss(names[i], all_rows[i], names[j], all_rows[j])
+        if "why" in t:
+            loss = timing = ratio = f"n/a ({t['why']})"
+        else:
+            loss = f"{t['loss']:.4f}"
+            timing = " / ".join(f"{_seconds(p[2])} (step {p[0]:,})" for p in (t["a"], t["b"]))
+            ratio = ratio_text(t["ratio"]) if t["ratio"] is not None else \
+                f"n/a ({names[j]} reached it at 0 s of training)"
+        for label, value in (("twin without FP8", names[j]), fast,
+                             ("val/loss both reached", loss),
+                             ("training time to it (FP8 / twin)", timing),
+                             ("time to it FP8 / twin", ratio),
+                             ("FP8 verdict (this run's own)", verdict_text(summaries[i]))):
+            cells[label][i] = value
+        twin_of = [names[k] for k, twin in pairs.items() if twin == j]
+        cells["twin without FP8"][j] = "twin of " + ", ".join(twin_of)
+    return [(label, cells[label]) for label in labels]
+
+
+def tokens_ratio(names: list, summaries: list, i: int, j: int) -> str:
+    for k in (i, j):
+        tok = summaries[k].get("tokens_per_sec")
+        if not isinstance(tok, (int, float)) or tok <= 0:
+            why = "no summary.json" if "total_steps" not in summaries[k] else \
+                "no steady-state tokens/s (too short)"
+            return f"n/a ({names[k]}: {why})"
+    return ratio_text(summaries[i]["tokens_per_sec"] / summaries[j]["tokens_per_sec"])
+
+
+def verdict_text(summary: dict) -> str:
+    """The FP8 run's own verdict in a few words (summary.json's fp8_verdict)."""
+    v = summary.get("fp8_verdict")
+    if not isinstance(v, dict):
+        return "–"
+    step = v.get("step") if isinstance(v.get("step"), dict) else {}
+    if v.get("status") == "fp8" and isinstance(step.get("expected_speedup"), (int, float)):
+        return f"≈{step['expected_speedup']:.2f}× expected (estimate)"
+    return {"emulated": "emulated on CPU: no speed-up", "fallback": "FP8 did not run (fallback)",
+            "switched_off": "FP8 switched off by a recovery",
+            "no_layers": "no layer converted"}.get(v.get("status"), "no estimate")
+
+
+def table(names: list, summaries: list, configs: list = (), extra: list = ()) -> str:
     """The markdown table: the differing config keys first (`config: KEY` rows), then the
-    end-of-run report."""
+    end-of-run report, then `extra` (label, cells) rows (FP8 against its twin)."""
     configs = list(configs) or [{} for _ in names]
     lines = ["| | " + " | ".join(names) + " |", "| --- |" + " --- |" * len(names)]
     for key in differing_keys(configs):
@@ -134,6 +257,9 @@ def table(names: list, summaries: list, configs: list = ()) -> str:
                 cells.append("–" if v is None else fmt.format(v))
             except (KeyError, TypeError, ValueError):   # a summary.json edited or damaged
                 cells.append("–")
+        if any(c != "–" for c in cells):
+            lines.append(f"| {label} | " + " | ".join(cells) + " |")
+    for label, cells in extra:
         if any(c != "–" for c in cells):
             lines.append(f"| {label} | " + " | ".join(cells) + " |")
     return "\n".join(lines)
@@ -192,7 +318,9 @@ def compare(a) -> int:
     names = [os.path.basename(os.path.normpath(d)) for d in a.run_dirs]
     if len(set(names)) < len(names):   # same leaf name: show the parent too
         names = [os.path.join(*os.path.normpath(d).split(os.sep)[-2:]) for d in a.run_dirs]
-    md = table(names, [s for s, _ in runs], configs)
+    summaries, all_rows = [s for s, _ in runs], [r for _, r in runs]
+    pairs, notes = twins(names, summaries, configs)
+    md = table(names, summaries, configs, twin_rows(names, summaries, all_rows, pairs))
     try:
         os.makedirs(a.out, exist_ok=True)
         with open(os.path.join(a.out, "compare.md"), "w", encoding="utf-8") as fh:
@@ -200,6 +328,8 @@ def compare(a) -> int:
     except OSError as e:
         raise ConfigError(f"cannot write to '{a.out}': {e.strerror or e}") from None
     print(md)
+    for note in notes:
+        print(f"note: {note}")
     if not a.no_plot:
         import importlib.util
         if importlib.util.find_spec("matplotlib") is None:

@@ -6,6 +6,28 @@ option as typed."""
 from bad_input_kit import Case, yaml_case
 
 CASES = [
+    # FP8 recipes: each backend accepts its own; delayed-scaling keys only under delayed ------
+    Case("cli-fp8-recipe-of-another-backend", ["--use_fp8", "--fp8_backend=te",
+                                               "--fp8_recipe=rowwise"],
+         expect="--fp8_recipe=rowwise, --fp8_backend=te: key 'fp8_recipe' is 'rowwise', which "
+                "fp8_backend 'te' does not have; te accepts delayed | current | block"),
+    yaml_case("config-fp8-recipe-tensorwise-under-te",
+              "use_fp8: true\nfp8_backend: te\nfp8_recipe: tensorwise\n",
+              expect=("{d}/x.yaml: key 'fp8_recipe' is 'tensorwise'",
+                      "recorded torchao's default here, where it meant delayed scaling: remove "
+                      "the line")),
+    Case("cli-fp8-margin-under-current-scaling", ["--use_fp8", "--fp8_backend=native",
+                                                  "--fp8_recipe=current", "--fp8_margin=1"],
+         expect="--fp8_margin=1, --fp8_recipe=current: key 'fp8_margin' applies to delayed "
+                "scaling only"),
+    yaml_case("config-fp8-history-under-block-scaling",
+              "use_fp8: true\nfp8_recipe: block\nfp8_amax_history_len: 16\n",
+              expect="{d}/x.yaml: key 'fp8_amax_history_len' applies to delayed scaling only, "
+                     "but fp8_recipe is 'block'"),
+    Case("cli-fp8-fsdp-all-gather-without-torchao", ["--use_fp8", "--fp8_backend=native",
+                                                     "--fp8_fsdp_all_gather"],
+         expect="key 'fp8_fsdp_all_gather' needs fp8_backend torchao with fp8_recipe "
+                "tensorwise (here native / delayed)"),
     # YAML that PyYAML reads without a word ----------------------------------------------------
     yaml_case("config-duplicate-key", "seq_len: 64\nbatch_size: 4\nseq_len: 128\n",
               expect="{d}/x.yaml: line 3: key 'seq_len' is given twice (first on line 1)"),

@@ -318,3 +318,28 @@ def test_short_run_of_a_config_shortens_its_warmup_and_records_it(tmp_path, data
            if "train/lr" in row}
     assert lrs[1] == pytest.approx(3e-3 / 2) and lrs[2] == pytest.approx(3e-3)
     assert lrs[20] == pytest.approx(3e-4)
+
+
+def test_fp8_recipe_defaults_per_backend_and_is_recorded_resolved(tmp_path):
+    """fp8_recipe unset means the backend's own default, and config.yaml records which."""
+    from fp8train.schema import FP8_RECIPES
+    assert {b: C.Config(fp8_backend=b).fp8_recipe for b in FP8_RECIPES} == \
+        {"te": "delayed", "torchao": "tensorwise", "native": "delayed"}
+    cfg = load_config(["--config", "configs/test_fp8.yaml", f"--output_dir={tmp_path}"])
+    assert (cfg.fp8_backend, cfg.fp8_recipe) == ("native", "delayed")
+    assert "fp8_recipe: delayed" in C.dump_yaml(cfg).splitlines()
+
+
+def test_a_saved_config_from_before_recipes_per_backend_resumes_unchanged(tmp_path):
+    """config.yaml files written before fp8_recipe covered every backend recorded torchao's
+    default 'tensorwise' under te and native too; resuming such a run is no config change, while
+    a real recipe change still is."""
+    from fp8train.checkpoint import changed_on_resume
+    from fp8train.schema import to_dict
+    old = to_dict(C.Config(use_fp8=True, fp8_backend="te"))
+    old["fp8_recipe"] = "tensorwise"
+    (tmp_path / "config.yaml").write_text(yaml.safe_dump(old))
+    now = to_dict(C.Config(use_fp8=True, fp8_backend="te"))
+    assert changed_on_resume(str(tmp_path), now) == []
+    now["fp8_recipe"] = "current"
+    assert changed_on_resume(str(tmp_path), now) == ["fp8_recipe 'delayed' -> 'current'"]

@@ -31,6 +31,7 @@ from fp8train.diagnose.fp8_probes import (FWD_TOL, GRAD_TOL, check_native, check
                                           fp8_section, import_error, judge)
 from fp8train.diagnose.report import format_report, json_safe
 from fp8train.diagnose.verdicts import verdicts
+from test_te_recipes import BLOCK_REASON, install_fake_te
 
 H100 = "NVIDIA H100 80GB HBM3"
 CPU = torch.device("cpu")
@@ -279,6 +280,50 @@ def test_fp8_gemm_that_raises_is_a_failed_check_and_the_others_still_run(monkeyp
     assert status["FP8 torchao"] == status["FP8 native"] == "FAILED"
 
 
+def test_each_te_recipe_gets_its_own_verdict_with_tes_reason(monkeypatch):
+    """An H100 (torch.cuda's queries mocked) with a Transformer Engine that imports (its
+    transformer_engine.pytorch stood in for, TE's real recipe module from its wheel, as in
+    tests/test_te_recipes.py) whose block-scaled GEMM needs a newer CUDA: block is
+    MISSING with TE's own reason and gets no GEMM check; delayed and current each get theirs
+    (check_te stood in for: it runs TE's CUDA kernels)."""
+    from fp8train.diagnose import fp8_probes
+    from fp8train.diagnose.report import format_fp8
+    te = install_fake_te(monkeypatch)
+    _mock_gpu(monkeypatch, H100, (9, 0))
+    te.block = (False, BLOCK_REASON)
+    checked = []
+
+    def check_te(device, recipe="delayed"):
+        checked.append(recipe)
+        return {"what": f"te.Linear forward + backward, {recipe}", "fwd_err": 0.04,
+                "grad_err": 0.06}
+    monkeypatch.setattr(fp8_probes, "check_te", check_te)
+    for name in ("check_torchao", "check_native"):   # not what this test is about
+        monkeypatch.setattr(fp8_probes, name, lambda device: {"what": "x", "fwd_err": 0.0,
+                                                                "grad_err": 0.0})
+    dev = environment.device_info()
+    fp8 = fp8_section(dev)
+    assert checked == ["delayed", "current"]
+    te_entry = fp8["backends"]["te"]
+    assert te_entry["version"] == "transformer_engine 2.20.2"
+    assert te_entry["gemm"] == te_entry["recipes"]["delayed"]["gemm"]
+    assert te_entry["recipes"]["block"] == {
+        "available": False, "gemm": None,
+        "reason": f"{BLOCK_REASON} (Transformer Engine's is_fp8_block_scaling_available, for "
+                  "Float8BlockScaling)"}
+    report = {"device": dev, "fp8": fp8, "versions": {"nccl_available": False, "nccl": None,
+                                                       "torch": torch.__version__}}
+    v = {r["feature"]: (r["status"], r["reason"]) for r in verdicts(report)}
+    assert v["FP8 te"][0] == v["FP8 te current"][0] == "OK"
+    assert "te.Linear forward + backward, current" in v["FP8 te current"][1]
+    assert v["FP8 te block"] == ("MISSING", te_entry["recipes"]["block"]["reason"])
+    lines = format_fp8(report).splitlines()
+    assert lines[1].startswith("  te") and "per recipe (fp8_recipe):" in lines[1]
+    assert lines[2].split()[0] == "delayed" and lines[2].endswith(": OK")
+    assert lines[4].split()[0] == "block" and f"not available here: {BLOCK_REASON}" in lines[4]
+    json.dumps(report)   # what --json writes
+
+
 def test_fp8_gate_of_a_mocked_a100_runs_no_gemm(monkeypatch):
     _mock_gpu(monkeypatch, "NVIDIA A100-SXM4-80GB", (8, 0))
     fp8 = fp8_section(environment.device_info())
@@ -368,6 +413,8 @@ def test_main_on_a_mocked_gpu_where_nothing_runs_reports_every_check_failed(monk
     report = json.loads(out.read_text())
     status = {v["feature"]: v["status"] for v in report["verdicts"]}
     assert status.pop("CUDA device") == status.pop("FP8 hardware") == "OK"
-    assert status.pop("FP8 te") == "MISSING" and status.pop("NCCL") in ("OK", "MISSING")
+    assert status.pop("FP8 te") == status.pop("FP8 te current") == \
+        status.pop("FP8 te block") == "MISSING"   # not installed: each TE recipe says so
+    assert status.pop("NCCL") in ("OK", "MISSING")
     assert set(status.values()) == {"FAILED"}, status
     assert report["ceilings"]["plan"] == timing_plan(256, quick=True)

@@ -76,44 +76,58 @@ def test_fp8_with_no_layer_converted_trains_as_the_base_precision(tmp_path, fp32
     assert got == [(x["step"], x["train/loss"]) for x in train_rows(fp32_run)]
 
 
+# Every recipe that runs on a CPU (te's need a GPU: tests/gpu), as (backend, recipe).
+CPU_RECIPES = [("native", "delayed"), ("native", "current"), ("torchao", "tensorwise"),
+               ("torchao", "rowwise"), ("torchao", "rowwise_with_gw_hp")]
+
+
 def test_fp8_losses_track_fp32(tmp_path):
-    """80 steps of the tiny model at LR 1e-3: native FP8 (hybrid, delayed scaling) and torchao
-    tensorwise follow the fp32 loss curve within 3% at every logged step, and end within 1.5% in
-    validation loss (measured on 2 CPU cores: train losses within 0.7% (native) and 2.0%
-    (torchao, at step 40 where the curve is steepest); final val loss within 0.7%)."""
+    """80 steps of the tiny model at LR 1e-3: every recipe that runs on a CPU follows the fp32
+    loss curve within 3% at every logged step, and ends within 1.5% in validation loss, and logs
+    the same fp8/ aggregate metrics (measured on 2 CPU cores: train losses within 0.7% (native
+    delayed and current) and 2.0% (torchao, at step 40 where the curve is steepest); final val
+    loss within 0.7%)."""
     pytest.importorskip("torchao")
     args = dict(max_steps=80, warmup_steps=10, learning_rate=1e-3, log_interval=20,
                 eval_interval=80, checkpoint_interval=80)
-    curves, vals = {}, {}
-    for name, extra in [("fp32", []), ("native", ["--use_fp8", "--fp8_backend=native"]),
-                        ("torchao", ["--use_fp8", "--fp8_backend=torchao"])]:
+    curves, vals, metrics = {}, {}, {}
+    for name, extra in [("fp32", [])] + [
+            (f"{b}-{r}", ["--use_fp8", f"--fp8_backend={b}", f"--fp8_recipe={r}"])
+            for b, r in CPU_RECIPES]:
         out = tmp_path / name
         r = run_train(*tiny_args(out, **args), *extra)
         assert r.returncode == 0, r.stderr[-2000:]
         curves[name] = [x["train/loss"] for x in train_rows(out)]
         vals[name] = [x["val/loss"] for x in rows(out) if "val/loss" in x][-1]
+        metrics[name] = {k for k in train_rows(out)[-1] if k.count("/") == 1
+                         and k.startswith("fp8/")}
+        if extra:
+            assert derived(out)["fp8_recipe"] == extra[-1].split("=")[1]
     assert len(curves["fp32"]) == 4
     assert curves["fp32"][-1] < curves["fp32"][0] - 1.5  # it does learn
-    for name in ("native", "torchao"):
+    for name in curves.keys() - {"fp32"}:
         for a, b in zip(curves[name], curves["fp32"]):
             assert a == pytest.approx(b, rel=0.03), (name, curves[name], curves["fp32"])
         assert vals[name] == pytest.approx(vals["fp32"], rel=0.015), (name, vals)
         assert curves[name] != curves["fp32"]  # and it really ran in FP8
+        assert metrics[name] == {"fp8/fwd_scale", "fp8/bwd_scale", "fp8/amax", "fp8/saturated",
+                                 "fp8/underflow"}, name
+    assert curves["native-current"] != curves["native-delayed"]
 
 
 FP8_RESUME = ["--use_fp8", "--fp8_backend=native", "--fp8_amax_history_len=4",
               "--lr_decay_steps=12"]  # the LR schedule must not depend on where a run stops
 
 
-def stop_and_resume(tmp_path, between=None):
+def stop_and_resume(tmp_path, between=None, fp8=FP8_RESUME):
     """12 steps straight, and 6 steps + resume to 12 (calling `between` on the stopped run's
     checkpoint directory before resuming)."""
     straight, split = tmp_path / "straight", tmp_path / "split"
-    assert run_train(*tiny_args(straight), *FP8_RESUME).returncode == 0
-    assert run_train(*tiny_args(split, max_steps=6), *FP8_RESUME).returncode == 0
+    assert run_train(*tiny_args(straight), *fp8).returncode == 0
+    assert run_train(*tiny_args(split, max_steps=6), *fp8).returncode == 0
     if between:
         between(split / "checkpoints" / "step_0000006")
-    r = run_train(*tiny_args(split), *FP8_RESUME, "--resume")
+    r = run_train(*tiny_args(split), *fp8, "--resume")
     assert r.returncode == 0 and "resumed from" in r.stdout, r.stderr[-2000:]
     return straight, split
 
@@ -139,6 +153,27 @@ def test_resume_with_native_fp8_state_is_identical(tmp_path):
     assert pa.keys() == pb.keys() and "fp8_state.amax_history" in pa
     assert pa["fp8_state.amax_history"].shape == (4, 8, 3)
     assert all((pa[k] == pb[k]).all() for k in pa)
+
+
+@pytest.mark.parametrize("backend,recipe", [("native", "current"), ("torchao", "rowwise")])
+def test_resume_with_a_dynamic_recipe_is_identical(tmp_path, backend, recipe):
+    """Recipes that scale each tensor (or row) from its own amax carry no scaling state, and a
+    stop and resume changes nothing either: the same losses, logged scales and parameters, bit
+    for bit."""
+    if backend == "torchao":
+        pytest.importorskip("torchao")
+    straight, split = stop_and_resume(tmp_path, fp8=["--use_fp8", f"--fp8_backend={backend}",
+                                                     f"--fp8_recipe={recipe}",
+                                                     "--lr_decay_steps=12"])
+    a, b = by_step(straight), by_step(split)
+    for step in (4, 8, 12):
+        keys = sorted(k for k in a[step] if k.startswith("fp8/"))
+        assert keys and [a[step][k] for k in keys] == [b[step].get(k) for k in keys], step
+    assert a[12]["train/loss"] == b[12]["train/loss"]
+    from safetensors.torch import load_file
+    pa, pb = (load_file(str(d / "checkpoints" / "step_0000012" / "model.safetensors"))
+              for d in (straight, split))
+    assert pa.keys() == pb.keys() and all((pa[k] == pb[k]).all() for k in pa)
 
 
 def test_resume_without_the_fp8_state_would_differ(tmp_path):

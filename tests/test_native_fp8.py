@@ -308,13 +308,14 @@ def test_weights_are_cast_once_per_optimizer_step(accum, casts_per_step):
     assert casts.n == 2 * casts_per_step * len(layers)
 
 
-def one_layer(base, cached):
+def one_layer(base, cached, **cfg):
     """`base`'s copy converted by a native backend (through an accelerator with accumulation 2
     when `cached`), as fp8_layers auto converts a timing layer."""
     holder = nn.Module()
-    holder.layer = nn.Linear(base.in_features, base.out_features)
+    holder.layer = nn.Linear(base.in_features, base.out_features, bias=base.bias is not None)
     holder.layer.load_state_dict(base.state_dict())
-    prec = build_precision(Config(use_fp8=True, fp8_backend="native", fp8_amax_history_len=4),
+    cfg.setdefault("fp8_amax_history_len", 4)
+    prec = build_precision(Config(use_fp8=True, fp8_backend="native", **cfg),
                            CPU, warn=pytest.fail)
     prec.convert(holder)
     acc = fake_accelerator(2)
@@ -352,3 +353,41 @@ def test_reused_weight_keeps_the_scale_it_was_cast_with():
     with prec.forward_context(training=True):
         y3 = layer(x2)
     torch.testing.assert_close(y3, ref(x2), rtol=0, atol=0)
+
+
+@pytest.mark.parametrize("cached", [False, True])
+def test_current_scaling_scales_each_tensor_from_its_own_amax(cached):
+    """fp8_recipe current (TE's Float8CurrentScaling): input, weight and grad_output are each
+    cast with fp8_max / their own amax at that very cast (E4M3 448, E5M2 57344), whatever the
+    previous step saw; the output is the FP8 product with those scales; no history is kept, so
+    nothing is reduced or updated (a step 100x larger is scaled 100x smaller at once, where
+    delayed scaling would saturate it). The watched statistics report the scales used."""
+    from fp8train.precision.scaling import E5M2, FP8_MAX, quantize
+    torch.manual_seed(7)
+    base = nn.Linear(64, 32, bias=False)
+    layer, prec, acc = one_layer(base, cached=cached, fp8_recipe="current")
+    state = prec.state
+    assert state.current and state.amax_history.shape == (1, 1, 3)
+    for x in (torch.randn(16, 64), torch.randn(16, 64) * 100):
+        x.requires_grad_(True)
+        prec.new_step = True
+        prec.watch(True)
+        with prec.forward_context(training=True):
+            y = layer(x)
+        g = torch.randn_like(y) * 1e-3
+        y.backward(g)
+        prec.after_backward()
+        s_in, s_w, s_g = (FP8_MAX[E4M3] / x.detach().abs().max(),
+                          FP8_MAX[E4M3] / base.weight.detach().abs().max(),
+                          FP8_MAX[E5M2] / g.abs().max())
+        stats = prec.stats()
+        name = next(iter(state.names))
+        assert stats[f"fp8/{name}/fwd_scale_input"].item() == pytest.approx(s_in.item())
+        assert stats[f"fp8/{name}/fwd_scale_weight"].item() == pytest.approx(s_w.item())
+        assert stats[f"fp8/{name}/bwd_scale_grad_output"].item() == pytest.approx(s_g.item())
+        assert stats[f"fp8/{name}/saturated_input"].item() == 0.0
+        xq = quantize(x.detach(), s_in, E4M3).float() / s_in
+        wq = quantize(base.weight.detach(), s_w, E4M3).float() / s_w
+        torch.testing.assert_close(y, xq @ wq.t())
+        assert not state.amax_history.any() and (state.scale == 1).all()
+    assert prec.recover("margin").startswith("FP8 switched off")   # no margin to raise

@@ -17,7 +17,7 @@ SUMMARY_KEYS = {
     "tokens_to_target", "step_at_target", "target_gap", "wall_time_s", "train_time_s",
     "tokens_per_sec", "mfu", "steady_state_tokens", "peak_memory_gb", "batch", "precision",
     "fp8", "fp8_layers_converted", "model", "n_params", "skipped_steps", "rollbacks",
-    "checkpoints_written", "latest_checkpoint"}
+    "checkpoints_written", "latest_checkpoint", "fp8_verdict"}
 
 
 def _rows(run):
@@ -97,6 +97,11 @@ def test_a_target_not_reached_runs_to_the_end_and_reports_the_gap(runs):
     assert s["checkpoints_written"] == 2 == len(os.listdir(run / "checkpoints")) - 1  # + latest
     assert s["mfu"] is None and s["peak_memory_gb"] is None   # no GPU: not made up
     assert s["skipped_steps"] == 0 and s["n_params"] > 0
+    # FP8 emulated on a CPU: the verdict gives the FLOP share and claims no speed-up.
+    v = s["fp8_verdict"]
+    assert v["status"] == "emulated" and v["step"] is None
+    assert 0 < v["flop_share"] < 1
+    assert "emulated" in r.stdout and "FLOP" in r.stdout
 
 
 def _compare(*args):

@@ -1,15 +1,19 @@
 """FP8, per backend (te, torchao, native): does it import here, and does an FP8 GEMM on this
 device (forward and backward, the way training calls it) agree with the bf16 reference.
 Importing is not enough: a Transformer Engine built for another CUDA imports fine and fails at
-its first GEMM."""
+its first GEMM. For Transformer Engine, each scaling recipe (fp8_recipe: delayed, current,
+block) is checked on its own: TE says whether this GPU runs it (block scaling needs more than
+FP8 itself), and each one it runs gets its own GEMM check."""
 from __future__ import annotations
 
 import importlib
 import sys
 
+from ..schema import FP8_RECIPES   # the standard library only: --help stays instant
 from .checks import CheckFailed, describe, rel_err, run_check
 
 BACKENDS = ("te", "torchao", "native")
+TE_RECIPES = FP8_RECIPES["te"]   # delayed, current, block
 INSTALL = {"te": "pip install --no-build-isolation 'transformer_engine[pytorch]'",
            "torchao": "pip install torchao"}
 
@@ -23,16 +27,49 @@ FWD_TOL, GRAD_TOL = 0.10, 0.15
 
 
 def fp8_section(device_report: dict) -> dict:
-    """Imports everywhere; the real FP8 GEMM checks only where FP8 can run."""
+    """Imports everywhere; the real FP8 GEMM checks only where FP8 can run. The te entry also
+    has "recipes" (None where nothing could be checked): per TE recipe, whether TE says this GPU
+    runs it, why not, and its GEMM check; te's "gemm" is the delayed recipe's (the default)."""
     backends = fp8_imports()
     gate = fp8_gate(device_report)
-    checks = {"te": check_te, "torchao": check_torchao, "native": check_native}
+    checks = {"torchao": check_torchao, "native": check_native}
+    backends["te"]["recipes"] = None
     for name, entry in backends.items():
         entry["gemm"] = None
         if entry["imports"] and gate is None:
             import torch
-            entry["gemm"] = run_check(checks[name], torch.device("cuda", device_report["index"]))
+            device = torch.device("cuda", device_report["index"])
+            if name == "te":
+                entry["recipes"] = te_recipes(device)
+                entry["gemm"] = entry["recipes"]["delayed"]["gemm"]
+            else:
+                entry["gemm"] = run_check(checks[name], device)
     return {"gate": gate, "backends": backends}
+
+
+def te_recipes(device) -> dict:
+    """recipe -> {"available", "reason", "gemm"}: Transformer Engine's own verdict on whether
+    this GPU runs the recipe (the reason when not), and the GEMM check of each one it runs."""
+    out = {}
+    for recipe in TE_RECIPES:
+        reason = run_check(lambda r=recipe: {"reason": te_recipe_unavailable(r)})
+        if not reason["ok"]:   # the query itself raised: a reason too, never a traceback
+            reason = {"reason": f"availability check failed ({reason['error']})"}
+        out[recipe] = {"available": reason["reason"] is None, "reason": reason["reason"],
+                       "gemm": None}
+        if out[recipe]["available"]:
+            out[recipe]["gemm"] = run_check(check_te, device, recipe)
+    return out
+
+
+def te_recipe_unavailable(recipe: str) -> str | None:
+    """The trainer's own check (fp8train.precision.te.recipe_unavailable): TE's availability
+    function for the recipe, on the current CUDA device."""
+    from transformer_engine.common import recipe as recipes
+
+    from ..precision.te import recipe_unavailable
+    te = importlib.import_module("transformer_engine.pytorch")
+    return recipe_unavailable(te, recipes, recipe)
 
 
 def fp8_gate(device_report: dict) -> str | None:
@@ -139,10 +176,9 @@ def check_torchao(device) -> dict:
     import torch
     from torch import nn
 
-    from ..config import Config
     from ..precision.ao import import_float8
     float8, _ = import_float8()
-    recipe = Config().fp8_recipe
+    recipe = FP8_RECIPES["torchao"][0]   # torchao's default recipe (Config()'s is te's)
     config = float8.Float8LinearConfig.from_recipe_name(recipe)
     emulated = device.type != "cuda"
     if emulated:
@@ -163,17 +199,18 @@ def check_torchao(device) -> dict:
                   "fwd_err": rel_err(y, x @ w.t()), "grad_err": grad_err})
 
 
-def check_te(device) -> dict:
-    """te.Linear forward and backward under TE's autocast with the DelayedScaling recipe a
-    default training config builds (fp8train.precision.te.build_recipe). Three steps, the last
-    one judged: the first runs at TE's initial scale of 1, the later ones with scales from the
-    amax history, which is the delayed-scaling machinery training depends on."""
+def check_te(device, recipe_name: str = "delayed") -> dict:
+    """te.Linear forward and backward under TE's autocast with the recipe a default training
+    config with this fp8_recipe builds (fp8train.precision.te.build_recipe). Three steps, the
+    last one judged: under delayed scaling the first runs at TE's initial scale of 1, the later
+    ones with scales from the amax history, which is the delayed-scaling machinery training
+    depends on (current and block scaling give the same scales every step)."""
     import torch
 
     from ..config import Config
-    from ..precision.te import build_recipe, recipe_kwargs
+    from ..precision.te import RECIPES, build_recipe, recipe_kwargs
     te = importlib.import_module("transformer_engine.pytorch")
-    cfg = Config()
+    cfg = Config(fp8_backend="te", fp8_recipe=recipe_name)
     recipe = build_recipe(cfg)
     x, w, g = _operands(device)
     lin = te.Linear(CHECK_DIM, CHECK_DIM, bias=False, params_dtype=torch.bfloat16,
@@ -191,6 +228,8 @@ def check_te(device) -> dict:
         y.backward(g)
     grad_err = max(rel_err(xr.grad, g @ w), rel_err(lin.weight.grad, g.t() @ x))
     kw = recipe_kwargs(cfg)
-    return judge({"what": f"te.Linear forward + backward, DelayedScaling({kw['fp8_format']}, "
-                          f"history {kw['amax_history_len']})",
+    what = (f"DelayedScaling({kw['fp8_format']}, history {kw['amax_history_len']})"
+            if recipe_name == "delayed" else
+            f"{RECIPES[recipe_name][0]}({kw['fp8_format']})")
+    return judge({"what": f"te.Linear forward + backward, {what}",
                   "fwd_err": rel_err(y, x @ w.t()), "grad_err": grad_err})

@@ -6,7 +6,7 @@ import math
 
 from .attention import ATTENTION
 from .ceilings import FP8_PEAK_FACTOR
-from .fp8_probes import BACKENDS, FWD_TOL, GRAD_TOL
+from .fp8_probes import BACKENDS, FWD_TOL, GRAD_TOL, TE_RECIPES
 
 
 def _row(label: str, text: str) -> str:
@@ -49,19 +49,29 @@ def format_fp8(report: dict) -> str:
     lines = [head]
     for name in BACKENDS:
         b = fp8["backends"][name]
+        recipes = b.get("recipes")
         if not b["imports"]:
             text = f"does not import: {b['error']}"
-        elif b["gemm"] is None:
-            text = f"imports ({b['version']}); no FP8 GEMM run"
-        elif b["gemm"]["ok"]:
-            g = b["gemm"]
-            text = (f"imports ({b['version']}); {g['what']}: relative error forward "
-                    f"{g['fwd_err']:.3f}, gradients {g['grad_err']:.3f} (tolerance {FWD_TOL}, "
-                    f"{GRAD_TOL}): OK")
+        elif recipes:
+            text = f"imports ({b['version']}); per recipe (fp8_recipe):"
         else:
-            text = f"imports ({b['version']}); FP8 GEMM FAILED: {b['gemm']['error']}"
+            text = f"imports ({b['version']}); " + _gemm_text(b["gemm"])
         lines.append(_row(name, text))
+        for recipe in TE_RECIPES if recipes else ():
+            r = recipes[recipe]
+            text = (_gemm_text(r["gemm"]) if r["available"] else
+                    f"not available here: {r['reason']}")
+            lines.append(_row(f"  {recipe}", text))
     return "\n".join(lines)
+
+
+def _gemm_text(g: dict | None) -> str:
+    if g is None:
+        return "no FP8 GEMM run"
+    if g["ok"]:
+        return (f"{g['what']}: relative error forward {g['fwd_err']:.3f}, gradients "
+                f"{g['grad_err']:.3f} (tolerance {FWD_TOL}, {GRAD_TOL}): OK")
+    return f"FP8 GEMM FAILED: {g['error']}"
 
 
 def format_attention(report: dict) -> str:

@@ -3,7 +3,7 @@ old) or FAILED (present, but its check raised or gave wrong numbers), and why.""
 from __future__ import annotations
 
 from .attention import ATTENTION
-from .fp8_probes import BACKENDS, FWD_TOL, GRAD_TOL
+from .fp8_probes import BACKENDS, FWD_TOL, GRAD_TOL, TE_RECIPES
 
 # (report key, feature, unit, which peak its percentage is of)
 CEILINGS = (("bf16_matmul", "bf16 matmul ceiling", "TFLOP/s", "bf16"),
@@ -33,22 +33,39 @@ def _device_rows(report: dict) -> list:
 
 
 def _fp8_rows(fp8: dict, no_cuda: str | None) -> list:
+    """One row per backend; for te, the row "FP8 te" is its default recipe (delayed), and
+    "FP8 te current" / "FP8 te block" follow it."""
     rows = []
     for name in BACKENDS:
-        b, feature = fp8["backends"][name], f"FP8 {name}"
-        if not b["imports"]:
-            rows.append((feature, "MISSING", b["error"]))
-        elif b["gemm"] is None:
-            rows.append((feature, "MISSING", f"imports ({b['version']}), but no FP8 GEMM can "
-                         f"run: {no_cuda or fp8['gate']}"))
-        elif b["gemm"]["ok"]:
-            g = b["gemm"]
-            rows.append((feature, "OK", f"{g['what']}: relative error forward "
-                         f"{g['fwd_err']:.3f}, gradients {g['grad_err']:.3f} (tolerance "
-                         f"{FWD_TOL}, {GRAD_TOL})"))
-        else:
-            rows.append((feature, "FAILED", b["gemm"]["error"]))
+        b = fp8["backends"][name]
+        if name != "te":
+            rows.append(_fp8_row(f"FP8 {name}", b, b["gemm"], None, fp8["gate"], no_cuda))
+            continue
+        recipes = b.get("recipes") or {}
+        for recipe in TE_RECIPES:
+            r = recipes.get(recipe) or {}
+            gemm = b["gemm"] if recipe == "delayed" else r.get("gemm")
+            rows.append(_fp8_row("FP8 te" + ("" if recipe == "delayed" else f" {recipe}"), b,
+                                 gemm, r.get("reason"), fp8["gate"], no_cuda))
     return rows
+
+
+def _fp8_row(feature: str, b: dict, gemm: dict | None, unavailable: str | None,
+             gate: str | None, no_cuda: str | None) -> tuple:
+    """A backend's (or TE recipe's) row: MISSING when it does not import, when no FP8 GEMM can
+    run here or when the library says this GPU cannot run it; else its GEMM check's verdict."""
+    if not b["imports"]:
+        return feature, "MISSING", b["error"]
+    if unavailable:
+        return feature, "MISSING", unavailable
+    if gemm is None:
+        return feature, "MISSING", (f"imports ({b['version']}), but no FP8 GEMM can run: "
+                                    f"{no_cuda or gate or 'not checked'}")
+    if gemm["ok"]:
+        return feature, "OK", (f"{gemm['what']}: relative error forward {gemm['fwd_err']:.3f}, "
+                               f"gradients {gemm['grad_err']:.3f} (tolerance {FWD_TOL}, "
+                               f"{GRAD_TOL})")
+    return feature, "FAILED", gemm["error"]
 
 
 def _attention_rows(attention: dict, no_cuda: str | None) -> list:

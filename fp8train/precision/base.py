@@ -67,6 +67,10 @@ class Precision:
     def after_backward(self) -> None:
         """Called after each micro-batch's backward (delayed-scaling updates live here)."""
 
+    def after_optimizer_step(self) -> None:
+        """Called after each optimizer step, once the weights changed (what is derived from
+        the new weights for the next step's forward lives here)."""
+
     def watch(self, on: bool) -> None:
         """Record scale statistics during the next steps (on) or stop recording (off). Only the
         steps that are logged are watched, so other steps pay nothing."""
@@ -279,6 +283,7 @@ class Fp8Backend(Precision):
         emulated = " (emulated on CPU)" if self.emulate else ""
         off = " (switched off after non-finite steps)" if self.disabled else ""
         return {"precision": self.base.name, "fp8": self.label + emulated + off,
+                "fp8_recipe": self.cfg.fp8_recipe,
                 "fp8_layers": len(self.selection.chosen), "fp8_layer_policy": self.layer_policy,
                 "fp8_layer_names": list(self.selection.chosen)}
 

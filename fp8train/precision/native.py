@@ -1,13 +1,17 @@
-"""FP8 Linear layers on `torch._scaled_mm`, with Transformer Engine's delayed scaling.
+"""FP8 Linear layers on `torch._scaled_mm`, with Transformer Engine's delayed or current
+scaling.
 
 Each converted Linear quantizes its input and weight (E4M3) and, in backward, its grad_output
-(E5M2 in the hybrid format) with scales computed from an amax history, exactly as TE's
-DelayedScaling recipe does (see scaling.update_delayed_scaling). All three GEMMs (forward,
-grad_input, grad_weight) take FP8 operands; the forward uses fast accumulation, the two
-backward GEMMs do not (as TE does).
+(E5M2 in the hybrid format). Under delayed scaling (fp8_recipe: delayed) the scales come from
+an amax history, exactly as TE's DelayedScaling recipe does (see scaling.update_delayed_scaling);
+under current scaling (fp8_recipe: current, TE's Float8CurrentScaling) each tensor is scaled from
+its own amax as it is cast (scaling.current_scale), and the history is neither kept nor reduced.
+All three GEMMs (forward, grad_input, grad_weight) take FP8 operands; the forward uses fast
+accumulation, the two backward GEMMs do not (as TE does).
 
 The state of every layer lives in one module (`model.fp8_state`): an amax history
-[history_len, layers, 3] and scales [layers, 3], columns (input, weight, grad_output). One update
+[history_len, layers, 3] and scales [layers, 3], columns (input, weight, grad_output); under
+current scaling a history of one row that stays zero (nothing carries over between steps). One update
 per micro-batch covers the whole model, and the state is saved and restored with the model's
 own tensors, so a resumed run continues with the same scales. A model with no converted layer
 has an empty state ([history_len, 0, 3] and [0, 3], left out of checkpoints) and trains in its
@@ -48,7 +52,8 @@ from torch import nn
 from .base import Fp8Backend, LayerStats
 from .layers import replace_module
 from ..agreement import rank_world
-from .scaling import FORMATS, FP8_MAX, quant_stats, quantize, update_delayed_scaling
+from .scaling import (FORMATS, FP8_MAX, current_scale, quant_stats, quantize,
+                      update_delayed_scaling)
 
 INPUT, WEIGHT, GRAD_OUTPUT = 0, 1, 2
 
@@ -70,6 +75,15 @@ def cast_fp8(t: torch.Tensor, scale: torch.Tensor, dtype: torch.dtype, transpose
     q = quantize(t, scale, dtype).contiguous()  # a strided t (a transposed view) gives a copy
     q_t = q.t().contiguous() if transpose else None
     return q, q_t, cast_fp8_amax(t)
+
+
+def cast_fp8_current(t: torch.Tensor, dtype: torch.dtype, transpose: bool):
+    """cast_fp8 under current scaling: the scale is t's own (fp8_max / amax), so the amax comes
+    first. Returns (q, q_t, amax, scale)."""
+    amax = cast_fp8_amax(t)
+    scale = current_scale(amax, FP8_MAX[dtype])
+    q = quantize(t, scale, dtype).contiguous()
+    return q, (q.t().contiguous() if transpose else None), amax, scale
 
 
 def cast_fp8_amax(t: torch.Tensor) -> torch.Tensor:
@@ -113,9 +127,11 @@ class _WatchedStats(LayerStats):
 class Fp8State(nn.Module):
     def __init__(self, names: list, fp8_format: str = "hybrid", history_len: int = 1024,
                  margin: int = 0, algo: str = "max", emulate: bool = False,
-                 per_layer_stats: bool = True):
+                 per_layer_stats: bool = True, current: bool = False):
         super().__init__()
         n = len(names)
+        self.current = current    # current scaling: each cast scales from its own amax
+        history_len = 1 if current else history_len
         self.names = list(names)
         self.fwd_dtype, self.bwd_dtype = FORMATS[fp8_format]
         self.margin, self.algo, self.emulate = margin, algo, emulate
@@ -175,7 +191,7 @@ class Fp8State(nn.Module):
 
     @torch.no_grad()
     def update(self) -> None:
-        if self.scale.numel():  # no converted layer: nothing to update
+        if self.scale.numel() and not self.current:  # nothing to update: no layer, or no history
             update_delayed_scaling(self.amax_history, self.scale, self.fp8_max, self.margin,
                                    self.algo)
 
@@ -196,8 +212,9 @@ class _Fp8Matmul(torch.autograd.Function):
 
     xq: x2 in FP8, row-major; x_t: its transpose, row-major (None when emulating);
     wq: the weight in FP8 [N, K], row-major; w_t: its transpose [K, N], row-major (None when
-    emulating); s_in, s_w, s_g: the scales of this pass; meta: (index, record, watching,
-    bwd_dtype, emulate, out_dtype)."""
+    emulating); s_in, s_w, s_g: the scales of this pass (s_g unused under current scaling,
+    where grad_output is scaled from its own amax); meta: (index, record, watching, bwd_dtype,
+    emulate, out_dtype, current)."""
 
     @staticmethod
     def forward(ctx, x2, weight, xq, x_t, wq, w_t, s_in, s_w, s_g, history, watched, meta):
@@ -215,17 +232,20 @@ class _Fp8Matmul(torch.autograd.Function):
     @staticmethod
     def backward(ctx, grad_out):
         x_cm, w_cm, s_in, s_w, s_g = ctx.saved_tensors
-        i, record, watching, bwd_dtype, emulate, _ = ctx.meta
+        i, record, watching, bwd_dtype, emulate, _, current = ctx.meta
         # grad_out can be strided (a compiled backward, a transposed use of the output):
         # _scaled_mm needs its first operand row-major, cast_fp8 makes it so.
         g2 = grad_out.reshape(-1, grad_out.shape[-1])
-        gq, gq_t, a_g = cast_fp8(g2, s_g, bwd_dtype, transpose=not emulate)
-        if record:
+        if current:
+            gq, gq_t, a_g, s_g = cast_fp8_current(g2, bwd_dtype, transpose=not emulate)
+        else:
+            gq, gq_t, a_g = cast_fp8(g2, s_g, bwd_dtype, transpose=not emulate)
+        if record and not current:
             row = ctx.history[0, i, GRAD_OUTPUT:]
             torch.maximum(row, _finite(a_g).reshape(1), out=row)
-            if watching:
-                sat, und = quant_stats(g2, s_g, bwd_dtype)
-                ctx.watched[i, N_FWD:].copy_(torch.stack([s_g, a_g, sat, und]))
+        if record and watching:
+            sat, und = quant_stats(g2, s_g, bwd_dtype)
+            ctx.watched[i, N_FWD:].copy_(torch.stack([s_g, a_g, sat, und]))
         grad_x = fp8_mm(gq, s_g, w_cm, s_w, ctx.x_dtype, emulate, fast_accum=False)
         grad_w = fp8_mm(gq.t() if emulate else gq_t, s_g, x_cm, s_in, ctx.w_dtype, emulate,
                         fast_accum=False)
@@ -258,22 +278,29 @@ class Fp8Linear(nn.Linear):
 
     @torch.no_grad()
     def cast_weight(self) -> None:
-        """Cast the weight into the cache with the current scale (the same cast as in forward)."""
-        st, w = self.fp8_state, self.weight.detach()
-        s_w = st.scale[self.fp8_index, WEIGHT]
-        self.fp8_weight.copy_(quantize(w, s_w, st.fwd_dtype))
+        """Cast the weight into the cache with the scale the forward would use."""
+        st = self.fp8_state
+        wq, _, a_w, s_w = self._cast_weight(st, st.scale[self.fp8_index, WEIGHT], False)
+        self.fp8_weight.copy_(wq)
         if self.fp8_weight_t is not None:
             self.fp8_weight_t.copy_(self.fp8_weight.t())
         self.fp8_weight_scale.copy_(s_w)
-        self.fp8_weight_amax.copy_(cast_fp8_amax(w))
+        self.fp8_weight_amax.copy_(a_w)
+
+    def _cast_weight(self, st: Fp8State, s_w: torch.Tensor, transpose: bool):
+        """(weight in FP8, its transpose or None, its amax, the scale it was cast with): with
+        the delayed scale `s_w`, or under current scaling with its own."""
+        w = self.weight.detach()
+        if st.current:
+            return cast_fp8_current(w, st.fwd_dtype, transpose)
+        return (*cast_fp8(w, s_w, st.fwd_dtype, transpose), s_w)
 
     def _weight_fp8(self, st: Fp8State, s_w: torch.Tensor):
         """(weight in FP8, its transpose or None, the scale it was cast with, its amax)."""
         if st.cache_weights:
             return self.fp8_weight, self.fp8_weight_t, self.fp8_weight_scale, \
                 self.fp8_weight_amax
-        wq, w_t, a_w = cast_fp8(self.weight.detach(), s_w, st.fwd_dtype,
-                                transpose=not st.emulate)
+        wq, w_t, a_w, s_w = self._cast_weight(st, s_w, transpose=not st.emulate)
         return wq, w_t, s_w, a_w
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
@@ -289,10 +316,15 @@ class Fp8Linear(nn.Linear):
         # A copy: the state is updated in place after this micro-batch, backward needs these.
         scales = st.scale[i].clone()
         s_in, s_g = scales[INPUT], scales[GRAD_OUTPUT]
-        xq, x_t, a_in = cast_fp8(x2.detach(), s_in, st.fwd_dtype, transpose=not st.emulate)
+        if st.current:
+            xq, x_t, a_in, s_in = cast_fp8_current(x2.detach(), st.fwd_dtype,
+                                                   transpose=not st.emulate)
+        else:
+            xq, x_t, a_in = cast_fp8(x2.detach(), s_in, st.fwd_dtype, transpose=not st.emulate)
         wq, w_t, s_w, a_w = self._weight_fp8(st, scales[WEIGHT])
         if record:
-            st.record(i, slice(INPUT, WEIGHT + 1), a_in, a_w)
+            if not st.current:
+                st.record(i, slice(INPUT, WEIGHT + 1), a_in, a_w)
             if st.watching:
                 st.seen[i] = True
                 sat_in, und_in = quant_stats(x2, s_in, st.fwd_dtype)
@@ -300,7 +332,7 @@ class Fp8Linear(nn.Linear):
                 with torch.no_grad():
                     st.watched[i, :N_FWD].copy_(torch.stack(
                         [s_in, s_w, a_in, a_w, sat_in, und_in, sat_w, und_w]))
-        meta = (i, record, st.watching, st.bwd_dtype, st.emulate, out_dtype)
+        meta = (i, record, st.watching, st.bwd_dtype, st.emulate, out_dtype, st.current)
         y = _Fp8Matmul.apply(x2, self.weight, xq, x_t, wq, w_t, s_in, s_w, s_g,
                              st.amax_history, st.watched, meta)
         y = y.reshape(*x.shape[:-1], y.shape[-1])
@@ -311,7 +343,8 @@ class Fp8Linear(nn.Linear):
 
 
 class Native(Fp8Backend):
-    """FP8 Linears on torch._scaled_mm (emulated on CPU), TE delayed-scaling semantics."""
+    """FP8 Linears on torch._scaled_mm (emulated on CPU), TE delayed- or current-scaling
+    semantics."""
     label = "native"
     # Every rank holds the same FP8 state: the amaxes are all-reduced (max) before each update,
     # as Transformer Engine's reduce_amax does (so DDP need not broadcast buffers). False for
@@ -331,7 +364,8 @@ class Native(Fp8Backend):
         cfg = self.cfg
         names = self.select(model)
         self.state = Fp8State(names, cfg.fp8_format, cfg.fp8_amax_history_len, cfg.fp8_margin,
-                              cfg.fp8_amax_compute_algo, self.emulate, cfg.fp8_log_layers)
+                              cfg.fp8_amax_compute_algo, self.emulate, cfg.fp8_log_layers,
+                              current=cfg.fp8_recipe == "current")
         param = next(model.parameters(), None)
         if param is not None:
             self.state.to(param.device)
@@ -382,7 +416,10 @@ class Native(Fp8Backend):
             self.state.enabled = True
 
     def after_backward(self) -> None:
-        if not self.disabled:
+        # Current scaling keeps no history: nothing to reduce or update. (Each rank scales its
+        # own activations, as TE's current scaling does under data parallelism; the weights,
+        # whole on every rank at the forward, get the same scale everywhere.)
+        if not self.disabled and not self.state.current:
             if self.reduce_amax and rank_world()[1] > 1:
                 # The amax over every rank's data of this micro-batch (one small all-reduce of
                 # [layers, 3] values), so that every rank computes the same scales.
@@ -393,12 +430,17 @@ class Native(Fp8Backend):
             self.new_step = True  # the optimizer steps next: the next pass casts the weights
 
     def raise_margin(self) -> bool:
+        if self.cfg.fp8_recipe == "current":
+            return False
         self.state.margin += 1
         return True
 
     def describe(self) -> str:
         how = "emulated on CPU: numerics only, no speed-up" if self.emulate \
             else "torch._scaled_mm"
+        if self.cfg.fp8_recipe == "current":
+            return (f"FP8 native ({how}); current scaling (each tensor scaled from its own "
+                    f"amax at every cast), {self.cfg.fp8_format}")
         return (f"FP8 native ({how}); delayed scaling, {self.cfg.fp8_format}, margin "
                 f"{self.margin()}, amax history {self.cfg.fp8_amax_history_len} "
                 f"({self.cfg.fp8_amax_compute_algo})")

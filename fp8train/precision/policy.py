@@ -187,6 +187,8 @@ def backend_settings(backend) -> dict:
     cfg = backend.cfg
     out = {"fp8_recipe": cfg.fp8_recipe} if cfg.fp8_backend == "torchao" else \
         {"fp8_format": cfg.fp8_format}
+    if cfg.fp8_backend != "torchao" and cfg.fp8_recipe != "delayed":
+        out["fp8_recipe"] = cfg.fp8_recipe   # (delayed left out: caches from before stay valid)
     if backend.base.name == "fp32":
         out["tf32"] = cfg.tf32
     if cfg.compile:   # timed as the run executes: compiled
@@ -243,6 +245,8 @@ def layer_decision(backend, model: nn.Module) -> dict:
     keep, measured = decide(counts, key, cache_path(backend.cfg, backend.run_dir), timer,
                             backend.cfg.fp8_auto_margin, backend.base.name, label, tokens,
                             backend.info, rank, world, refresh=backend.cfg.reprobe)
+    # Kept for the end-of-run verdict (verdict.py): what FP8 was measured to buy, per shape.
+    backend.layer_timings = dict(measured.timings)
     how = "cached" if measured.cached else "timed"
     backend.layer_policy = (f"auto: {len(counts) - len(keep)}/{len(counts)} shapes in FP8 "
                             f"({how} at {tokens:,} tokens)")

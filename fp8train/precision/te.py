@@ -1,52 +1,121 @@
-"""Transformer Engine FP8 (DelayedScaling), applied by us rather than by Accelerate.
+"""Transformer Engine FP8, applied by us rather than by Accelerate, with TE's delayed, current
+or block scaling recipe (fp8_recipe: delayed | current | block).
 
 Accelerate's own TE path (mixed_precision="fp8" + TERecipeKwargs) has three faults in 1.x:
 `to_kwargs()` drops fields equal to Accelerate's defaults, so amax_compute_algo="most_recent"
 silently becomes TE's "max"; its convert_model stops at the first Linear whose dims are not
 divisible by 16 (a `return` where a `continue` belongs); and `interval` /
-`override_linear_precision` raise on TE 2.x. So this backend builds TE's DelayedScaling from the
-config itself (every value as given, checked by a test against TE's own recipe class), swaps
-the selected Linears for te.Linear, and enters TE's autocast around each forward. Accelerate
-still runs the bf16 autocast and the distribution.
+`override_linear_precision` raise on TE 2.x. So this backend builds TE's recipe from the config
+itself (every value as given, checked by a test against TE's own recipe classes), swaps the
+selected Linears for te.Linear, and enters TE's autocast around each forward. Accelerate still
+runs the bf16 autocast and the distribution.
 
-TE keeps its delayed-scaling state (scales, amax histories) in each module's fp8_meta and
-saves it in checkpoints as `_extra_state`, so a resume continues with the same scales."""
+The recipes (transformer_engine.common.recipe, TE 2.x):
+- delayed: DelayedScaling. Each tensor's scale comes from an amax history that TE keeps in
+  each module's fp8_meta and saves in checkpoints as `_extra_state`, so a resume continues
+  with the same scales.
+- current: Float8CurrentScaling. One scale per tensor, fp8_max / amax of that very tensor, at
+  every cast: no history, no margin, nothing to checkpoint.
+- block: Float8BlockScaling. One scale per tile, from the tile's own amax: 1 x 128 tiles for
+  inputs and gradients, 128 x 128 for weights, scales rounded down to powers of two (TE's
+  defaults). TE runs it from compute capability 9.0 (9.x only before TE 2.9) with a torch
+  built for CUDA 12.9 or newer (torch.version.cuda); recipe_unavailable asks TE."""
 from __future__ import annotations
 
 import contextlib
 import os
+import sys
 from typing import Optional
 
 import torch
 from torch import nn
 
-from ..errors import one_line
+from ..errors import ConfigError, one_line
 from .base import Fp8Backend, Precision
 from .layers import replace_module
 from .probe import ScaleProbe
-from .scaling import FORMATS
+from .scaling import BLOCK, FORMATS, FP8_MAX, te_scale
 
 # fp8_meta layout (TE 2.x): forward tensors 0 input, 1 weight; backward 0 grad_output.
 _META = {"input": ("scaling_fwd", 0), "weight": ("scaling_fwd", 1),
          "grad_output": ("scaling_bwd", 0)}
+
+# fp8_recipe -> TE's recipe class, the TE release that added it, and TE's check of whether
+# this GPU runs it: a function of transformer_engine.pytorch (return_reason=True) from TE 2.9,
+# a classmethod of FP8GlobalStateManager (no arguments) before.
+RECIPES = {"delayed": ("DelayedScaling", "1.0", "is_fp8_available"),
+           "current": ("Float8CurrentScaling", "2.2", "is_fp8_available"),
+           "block": ("Float8BlockScaling", "2.3", "is_fp8_block_scaling_available")}
+_FORMAT_NAMES = {"hybrid": "HYBRID", "e4m3": "E4M3"}
+_TE_PIP = "pip install --no-build-isolation 'transformer_engine[pytorch]'"
 
 
 def recipe_kwargs(cfg, margin: int | None = None, reduce_amax: bool = True) -> dict:
     """The DelayedScaling arguments, with the format as the name of TE's Format member.
     reduce_amax=False only for fp8_layers auto's timing, which runs on rank 0 alone: with it,
     TE would all-reduce the amaxes over ranks that never join."""
-    return dict(fp8_format={"hybrid": "HYBRID", "e4m3": "E4M3"}[cfg.fp8_format],
+    return dict(fp8_format=_FORMAT_NAMES[cfg.fp8_format],
                 margin=cfg.fp8_margin if margin is None else margin, amax_history_len=cfg.fp8_amax_history_len,
                 amax_compute_algo=cfg.fp8_amax_compute_algo, reduce_amax=reduce_amax)
 
 
 def build_recipe(cfg, recipe_module=None, margin: int | None = None, reduce_amax: bool = True):
-    """transformer_engine.common.recipe.DelayedScaling for this config."""
+    """The transformer_engine.common.recipe object for cfg.fp8_recipe, with the config's
+    fp8_format. A recipe TE refuses to build is a ConfigError (one line, TE's reason)."""
     if recipe_module is None:
         from transformer_engine.common import recipe as recipe_module
-    kw = recipe_kwargs(cfg, margin, reduce_amax)
-    kw["fp8_format"] = getattr(recipe_module.Format, kw["fp8_format"])
-    return recipe_module.DelayedScaling(**kw)
+    cls = getattr(recipe_module, RECIPES[cfg.fp8_recipe][0])
+    kw = recipe_kwargs(cfg, margin, reduce_amax) if cfg.fp8_recipe == "delayed" else {}
+    kw["fp8_format"] = getattr(recipe_module.Format, _FORMAT_NAMES[cfg.fp8_format])
+    # Current and block scaling get the format alone: margin and reduce_amax are DelayedScaling
+    # fields (TE's pydantic dataclasses would drop them without a word). Current scaling has
+    # nothing to reduce across data-parallel ranks: each rank scales its own tensors at every
+    # cast (the weights, and so their scales, are the same on every rank). TE reduces a
+    # current-scaling amax only over the tensor-parallel group under sequence parallelism
+    # (module/linear.py sets the quantizer's amax_reduction_group to tp_group) and over the
+    # shard group of FSDP2 DTensor weights it quantizes at init (module/base.py), neither of
+    # which fp8train uses; autocast's amax_reduction_group feeds only delayed scaling's global
+    # amax buffers. Block scales are local to their tile by construction.
+    # Both accept hybrid and e4m3 in every TE 2.x: their __post_init__ refuses only E5M2, or
+    # a bad NVTE_* environment variable that TE reads as a default. Float8BlockScaling's own
+    # default format is E4M3, Float8CurrentScaling's HYBRID; fp8train passes fp8_format as set.
+    try:
+        return cls(**kw)
+    except Exception as e:   # pydantic's ValidationError, carrying the recipe's own assertion
+        raise ConfigError(
+            f"{cfg.where('fp8_format', 'fp8_recipe')}: key 'fp8_format': Transformer Engine's "
+            f"{cls.__name__} (fp8_recipe: {cfg.fp8_recipe}) cannot be built with fp8_format "
+            f"'{cfg.fp8_format}': {_validation_message(e)}") from None
+
+
+def _validation_message(e: Exception) -> str:
+    errors = getattr(e, "errors", None)   # pydantic: the first error's message, without links
+    if callable(errors):
+        try:
+            return one_line(Exception(errors()[0]["msg"]), 200)
+        except Exception:  # not pydantic's after all
+            pass
+    return one_line(e, 200)
+
+
+def recipe_unavailable(te, recipe_module, recipe: str) -> Optional[str]:
+    """Why this GPU cannot run fp8_recipe `recipe`, as Transformer Engine itself says (the
+    current CUDA device; `te` is transformer_engine.pytorch), or None when it can."""
+    cls, since, check = RECIPES[recipe]
+    if not hasattr(recipe_module, cls):
+        version = getattr(sys.modules.get("transformer_engine"), "__version__", "unknown")
+        return (f"this Transformer Engine ({version}) has no {cls} (fp8_recipe: {recipe}, "
+                f"added in TE {since}); upgrade it: {_TE_PIP.replace('install', 'install -U')}")
+    try:
+        fn = getattr(te, check, None)
+        ok, why = fn(return_reason=True) if fn is not None else \
+            getattr(global_state_manager(), check)()
+    except Exception as e:  # a TE that cannot query this device: a reason, not a traceback
+        return f"Transformer Engine's {check} failed ({one_line(e, 200, with_type=True)})"
+    if ok:
+        return None
+    return (f"{' '.join(str(why).split()) or 'no reason given'} (Transformer Engine's {check}, "
+            f"for {cls})")
 
 
 class TransformerEngine(Fp8Backend):
@@ -59,6 +128,10 @@ class TransformerEngine(Fp8Backend):
         self.recipe = None
         self.modules: dict = {}
         self.reduce_amax = True   # False for trials (for_trials)
+
+    @property
+    def delayed(self) -> bool:
+        return self.cfg.fp8_recipe == "delayed"
 
     def for_trials(self) -> "TransformerEngine":
         # With reduce_amax, every TE scale update all-reduces the amaxes over all ranks: in
@@ -86,22 +159,28 @@ class TransformerEngine(Fp8Backend):
             import transformer_engine.pytorch as te
         except Exception as e:  # ImportError, or a TE built for another torch / CUDA
             return (f"transformer_engine cannot be imported ({one_line(e, 200, with_type=True)}); "
-                    "pip install --no-build-isolation 'transformer_engine[pytorch]'")
+                    f"{_TE_PIP}")
         from transformer_engine.common import recipe as recipes
+        why = recipe_unavailable(te, recipes, self.cfg.fp8_recipe)
+        if why:
+            return why
+        build_recipe(self.cfg, recipes)   # a format the recipe refuses: exit 2 before any work
         self.te, self.recipes = te, recipes
-        # TE refuses to unpickle its delayed-scaling state from a checkpoint unless told to;
-        # the checkpoints resumed here are this run's own.
-        os.environ.setdefault("NVTE_ALLOW_UNSAFE_PICKLE_EXTRA_STATE", "1")
+        if self.delayed:
+            # TE refuses to unpickle its delayed-scaling state from a checkpoint unless told to;
+            # the checkpoints resumed here are this run's own. The other recipes save nothing.
+            os.environ.setdefault("NVTE_ALLOW_UNSAFE_PICKLE_EXTRA_STATE", "1")
         return None
 
     def convert(self, model: nn.Module) -> nn.Module:
         te = self.te
         self.recipe = build_recipe(self.cfg, self.recipes, margin=self.margin(),
                                    reduce_amax=self.reduce_amax)
+        linear = te.Linear if self.delayed else stateless_linear(te.Linear)
         for name in self.select(model):
             lin = model.get_submodule(name)
-            new = te.Linear(lin.in_features, lin.out_features, bias=lin.bias is not None,
-                            params_dtype=lin.weight.dtype, device=lin.weight.device)
+            new = linear(lin.in_features, lin.out_features, bias=lin.bias is not None,
+                         params_dtype=lin.weight.dtype, device=lin.weight.device)
             with torch.no_grad():
                 new.weight.copy_(lin.weight)
                 if lin.bias is not None:
@@ -111,10 +190,7 @@ class TransformerEngine(Fp8Backend):
         # Recompute blocks with TE's checkpoint, which re-enters FP8 with the saved scales
         # (torch's would recompute outside TE's autocast, in high precision).
         model.checkpoint_fn = lambda block, x: te.checkpoint(block, x, use_reentrant=False)
-        fwd, bwd = FORMATS[self.cfg.fp8_format]
-        self.recorder = ScaleProbe(self.modules, _te_scale, {"input": fwd, "weight": fwd,
-                                                          "grad_output": bwd},
-                                self.cfg.fp8_log_layers)
+        self.recorder = scale_probe(self.modules, self.cfg, self.recipe)
         return model
 
     def _autocast(self, enabled: bool):
@@ -127,6 +203,10 @@ class TransformerEngine(Fp8Backend):
         return self._autocast(True)
 
     def raise_margin(self) -> bool:
+        # Current and block scaling have no margin (each scale fits its tensor or tile as it is
+        # cast): recover("margin") switches FP8 off instead, as it does for torchao.
+        if not self.delayed:
+            return False
         # Mutated in place, never replaced. TE registers each module's amax and scale buffers
         # once, under a key made from the recipe's repr at its first FP8 forward, and its scale
         # update looks the recipe up by that key (FP8GlobalStateManager.autocast_arguments,
@@ -149,15 +229,95 @@ class TransformerEngine(Fp8Backend):
                 yield
         finally:
             # A forward outside FP8 marks the modules as having no FP8 state to save, and the
-            # next checkpoint would drop their scales: they still have them.
-            for m in self.modules.values():
-                if "scaling_fwd" in getattr(m, "fp8_meta", {}):
-                    m.fp8_meta["fp8_checkpoint"] = True
+            # next checkpoint would drop their delayed-scaling scales: they still have them.
+            # Current and block scaling keep none (their fp8_meta holds stateless recipe states
+            # and TE saves nothing for them), so there is nothing to keep marked.
+            if self.delayed:
+                for m in self.modules.values():
+                    if "scaling_fwd" in getattr(m, "fp8_meta", {}):
+                        m.fp8_meta["fp8_checkpoint"] = True
 
     def describe(self) -> str:
-        kw = recipe_kwargs(self.cfg, self.margin())
-        return ("FP8 Transformer Engine: DelayedScaling(" +
-                ", ".join(f"{k}={v}" for k, v in kw.items()) + ")")
+        if self.delayed:
+            kw = recipe_kwargs(self.cfg, self.margin())
+            return ("FP8 Transformer Engine: DelayedScaling(" +
+                    ", ".join(f"{k}={v}" for k, v in kw.items()) + ")")
+        r = self.recipe
+        if r is None:
+            return (f"FP8 Transformer Engine: {RECIPES[self.cfg.fp8_recipe][0]}"
+                    f"(fp8_format={_FORMAT_NAMES[self.cfg.fp8_format]})")
+        fmt = r.fp8_format.name
+        pow2 = "power-of-2" if r.fp8_quant_fwd_inp.power_2_scale else "float32"
+        if self.cfg.fp8_recipe == "current":
+            return (f"FP8 Transformer Engine: Float8CurrentScaling(fp8_format={fmt}): each "
+                    f"tensor scaled from its own amax at every cast, {pow2} scales "
+                    "(fp8_margin / fp8_amax_* do not apply)")
+        tiles = {k: _tile_name(d) for k, d in (("x", r.x_block_scaling_dim),
+                                               ("w", r.w_block_scaling_dim),
+                                               ("g", r.grad_block_scaling_dim))}
+        return (f"FP8 Transformer Engine: Float8BlockScaling(fp8_format={fmt}): one scale per "
+                f"{tiles['x']} block of inputs, {tiles['g']} of grad_output, {tiles['w']} of "
+                f"weights, {pow2} scales (fp8_margin / fp8_amax_* do not apply)")
+
+
+def _tile(dim: int) -> tuple:
+    """A TE block_scaling_dim as a tile: 1 is 1 x 128 along the last dim, 2 is 128 x 128."""
+    return (BLOCK, BLOCK) if dim == 2 else (1, BLOCK)
+
+
+def _tile_name(dim: int) -> str:
+    return "x".join(map(str, _tile(dim)))
+
+
+def stateless_linear(linear_cls):
+    """te.Linear for a recipe with no state to checkpoint (current, block): it saves an empty
+    `_extra_state` and restores nothing. TE from 2.18 saves an empty tensor for these recipes
+    itself (module/base.py get_extra_state, for recipes pytorch/_extra_state.py classes as
+    STATELESS). TE 2.2 to 2.17 pickle {"recipe": the recipe object, "extra_fp8_variables":
+    ...} instead, whose globals (Float8CurrentScaling, QParams, MMParams, ...) fp8train's
+    checkpoint scan (safe_load.TE_EXTRA_STATE_GLOBALS: delayed scaling's only) refuses, and
+    which nothing needs; and TE 2.2 and 2.3 unpickle whatever set_extra_state is given, an
+    empty tensor included (pickle.loads of no bytes fails). So nothing is unpickled here."""
+    cached = _STATELESS.get(linear_cls)
+    if cached is None:
+        class StatelessLinear(linear_cls):
+            def get_extra_state(self) -> torch.Tensor:
+                return torch.empty(0, dtype=torch.uint8)
+
+            def set_extra_state(self, state) -> None:
+                pass   # a stateless recipe's scales come from the tensors themselves
+        cached = _STATELESS[linear_cls] = StatelessLinear
+    return cached
+
+
+_STATELESS: dict = {}
+
+
+def scale_probe(modules: dict, cfg, recipe) -> ScaleProbe:
+    """The per-layer scale read-out for the recipe in use (metric names as for every backend).
+    delayed: the scale in TE's fp8_meta. current: TE's current-scaling scale of the tensor
+    itself, fp8_max / amax, with the recipe's power-of-2 rounding and amax epsilon. block: the
+    same per tile (the probe reports the median tile scale)."""
+    fwd, bwd = FORMATS[cfg.fp8_format]
+    dtypes = {"input": fwd, "weight": fwd, "grad_output": bwd}
+    if cfg.fp8_recipe == "delayed":
+        return ScaleProbe(modules, _te_scale, dtypes, cfg.fp8_log_layers)
+    # te.Linear sets its current-scaling quantizers' power-of-2 and epsilon from these QParams
+    # (module/linear.py, _customize_quantizers_float8_current_scaling), and block scaling's
+    # quantizers are built from them (quantization.py, Float8BlockScalingRecipeState).
+    qparams = {"input": recipe.fp8_quant_fwd_inp, "weight": recipe.fp8_quant_fwd_weight,
+               "grad_output": recipe.fp8_quant_bwd_grad}
+
+    def scale_fn(module, kind: str, amax: torch.Tensor) -> torch.Tensor:
+        q = qparams[kind]
+        return te_scale(amax, FP8_MAX[dtypes[kind]], q.power_2_scale, q.amax_epsilon)
+
+    tiles = None
+    if cfg.fp8_recipe == "block":
+        tiles = {"input": _tile(recipe.x_block_scaling_dim),
+                 "weight": _tile(recipe.w_block_scaling_dim),
+                 "grad_output": _tile(recipe.grad_block_scaling_dim)}
+    return ScaleProbe(modules, scale_fn, dtypes, cfg.fp8_log_layers, tiles)
 
 
 def global_state_manager():
@@ -171,11 +331,10 @@ def global_state_manager():
 
 
 def _te_scale(module, kind: str, amax: torch.Tensor) -> torch.Tensor:
-    """The scale TE applies to this tensor now: its delayed-scaling state, which it creates on
-    the first FP8 forward (before that, TE's initial scale of 1)."""
+    """The scale TE applies to this tensor now under delayed scaling: its state, which it
+    creates on the first FP8 forward (before that, TE's initial scale of 1)."""
     key, index = _META[kind]
     meta = getattr(module, "fp8_meta", {}).get(key)
     if meta is None:
         return torch.ones((), device=amax.device)
     return meta.scale[index].clone()  # TE updates it in place after this step
-

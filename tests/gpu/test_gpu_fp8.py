@@ -4,7 +4,6 @@ stays finite and within 2% of the bf16 run (3% of the eager run of the same back
 compiled) at every logged step, the scales are logged, and the native GEMMs match their
 emulation. fp8_layers auto's CUDA timer times each backend, and a run times once, then reads
 the cache."""
-import json
 import math
 
 import pytest
