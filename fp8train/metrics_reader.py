@@ -8,6 +8,8 @@ import os
 import re
 import sys
 
+from .schema import upgrade_saved
+
 
 def load_rows(path: str, warn=None) -> list:
     """The rows of metrics.jsonl sorted by step. Unreadable lines (a torn last line from a
@@ -87,7 +89,7 @@ def read_run_config(run_dir: str) -> dict:
             data = yaml.safe_load(fh)
     except (OSError, UnicodeDecodeError, yaml.YAMLError):
         return {}
-    return data if isinstance(data, dict) else {}
+    return upgrade_saved(data)   # read as a resume reads it (older fp8_recipe values) if isinstance(data, dict) else {}
 
 
 def lr_schedule(config: dict):

@@ -133,6 +133,10 @@ def _read_dcp(directory: str) -> dict:
             else:
                 self.state_dict[read_item.dest_index.fqn] = obj
 
+    # A run with torchao's FP8 weight all-gather saved its converted weights' shards as
+    # torchao's weight wrapper, whose classes torch's weights_only loading allows only once
+    # torchao.float8 is imported (it registers them as safe globals).
+    torchao = _import_torchao_float8()
     state: dict = {}
     try:
         _load_state_dict(state, storage_reader=Reader(directory), planner=Planner(),
@@ -145,10 +149,22 @@ def _read_dcp(directory: str) -> dict:
             break
         lines = [line.strip() for line in str(e).splitlines() if line.strip()]
         why = next((line for line in lines if "GLOBAL" in line), lines[0] if lines else "")
+        hint = "; its FP8 weights were saved by torchao (fp8_fsdp_all_gather): pip install " \
+            "torchao to read them" if "GLOBAL torchao." in why and not torchao else ""
         raise ConfigError(f"cannot read the sharded checkpoint '{directory}' "
-                          f"({type(e).__name__}: {why[:300]})") from None
+                          f"({type(e).__name__}: {why[:300]}){hint}") from None
     model = state.get("model", state)
     return {k: v.full_tensor() if hasattr(v, "full_tensor") else v for k, v in model.items()}
+
+
+def _import_torchao_float8() -> bool:
+    """Import torchao.float8 when it is installed; False when it cannot be."""
+    try:
+        from .precision.ao import import_float8
+        import_float8()
+        return True
+    except Exception:   # not installed, or built for another torch: the read says what failed
+        return False
 
 
 def plain_state(state: dict) -> dict:

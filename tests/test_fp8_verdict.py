@@ -241,3 +241,17 @@ def test_each_fp8_run_finds_the_twin_that_differs_only_in_precision_keys():
     assert len(notes) == 1 and notes[0].startswith("d: no single run without FP8")
     # With one run without FP8, every FP8 run is compared with it.
     assert mod.twins(list("ab"), [{}, {}], [configs[3], configs[1]])[0] == {0: 1}
+
+
+def test_an_fp32_base_gets_no_untimed_bound_and_unknown_shapes_no_step_estimate():
+    """Without timings the bound assumes FP8's peak is twice the base's, true of bf16 and fp16
+    only (over TF32 it is 4x): an fp32 base gets no bound. A converted layer whose shape is
+    unknown (a wrapper renamed it) would leave its GEMMs out of the step estimate: none then."""
+    v = verdict(timed_facts(base="fp32", timings=None, timed_tokens=None, layer_policy="all"),
+                FLOPS, **STEP)
+    assert v["flop_share"] == pytest.approx(0.6) and v["flop_bound"] is None
+    assert not [line for line in describe(v) if "bound" in line]
+    v = verdict(timed_facts(converted={"l0": A, "l1": A, "l2": B, "l3": None}), FLOPS, **STEP)
+    assert v["flop_share"] is None and v["step"] is None
+    assert v["converted_gemm_speedup"] == pytest.approx(7 / 4)   # the timed shapes themselves
+    assert v["note"].startswith("no step speed-up estimate (1 converted layers of unknown shape)")

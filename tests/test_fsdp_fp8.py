@@ -141,6 +141,27 @@ def test_evaluation_sees_the_weights_as_gathered_in_fp8(fsdp_runs):
     assert (tmp / "fp8" / "checkpoints" / f"step_{STEPS:07d}" / "pytorch_model_fsdp_0").is_dir()
 
 
+def test_the_sharded_checkpoint_reads_back_in_a_fresh_process(fsdp_runs):
+    """Its converted weights' shards are torchao's weight wrapper, whose classes torch's
+    weights_only loading allows only once torchao.float8 is imported: evaluate.py, sample.py
+    and export_hf.py, which never import torchao themselves, read it through
+    trained.read_state in a fresh process, and get the fp32-gather run's weights."""
+    import subprocess
+    import sys
+    tmp = fsdp_runs["tmp"]
+    step = f"step_{STEPS:07d}"
+    code = ("import sys, torch; from fp8train.trained import read_state; "
+            "assert 'torchao' not in sys.modules; "
+            "a, b = (read_state(p) for p in sys.argv[1:]); "
+            "w = 'blocks.0.attn.qkv.weight'; "
+            "assert type(a[w]) is torch.Tensor and a.keys() == b.keys(), type(a[w]); "
+            "torch.testing.assert_close(a[w], b[w], rtol=1e-6, atol=0); print('read')")
+    r = subprocess.run([sys.executable, "-c", code, str(tmp / "fp8" / "checkpoints" / step),
+                        str(tmp / "fp32" / "checkpoints" / step)], cwd=ROOT,
+                       capture_output=True, text=True, timeout=120)
+    assert r.returncode == 0 and r.stdout.strip() == "read", r.stderr[-3000:]
+
+
 def test_a_rollback_refreshes_the_scales_and_trains_without_fp8(fsdp_runs):
     """After a rollback restores other weights (here: every converted weight doubled), the
     remedy (fp8_recovery: bf16) precomputes the scales again: halved, so the doubled weights
@@ -198,6 +219,26 @@ def test_when_the_weights_are_gathered_in_fp8(monkeypatch, distribution, key, re
         f"fp8_fsdp_all_gather: true does nothing here: this run is not sharded with FSDP2 "
         f"{caution}, so no weight is all-gathered; it applies under FSDP2 (fsdp_version: 2, "
         f"on CUDA)"])
+
+
+def test_ram_efficient_loading_keeps_the_gather_in_the_base_precision(monkeypatch):
+    """FSDP2's cpu_ram_efficient_loading reloads the model from the meta device, which
+    torchao's FP8-gather weight wrappers cannot go through (Accelerate refuses the pair for its
+    own torchao path): the weights are then gathered as usual, and the run says why once."""
+    import torch
+
+    from fp8train.config import Config
+    from fp8train.model import GPT, model_config_from
+    from fp8train.precision import ao, build_precision
+    monkeypatch.setattr(ao, "distribution", lambda: "FSDP2")
+    monkeypatch.setattr(ao, "fsdp_ram_efficient_loading", lambda: True)
+    prec = build_precision(Config(use_fp8=True, fp8_backend="torchao", fp8_layers="all"),
+                           torch.device("cpu"), warn=pytest.fail)
+    model = prec.convert(GPT(model_config_from("tiny", 256, 64, n_layer=1)))
+    assert not prec.fsdp_all_gather
+    assert not model.blocks[0].attn.qkv.config.enable_fsdp_float8_all_gather
+    said = [c for c in prec.cautions() if "fp8_fsdp_all_gather" in c]
+    assert len(said) == 1 and "cpu_ram_efficient_loading" in said[0]
 
 
 # --- the driver: run by the launcher, one process per rank --------------------------------------

@@ -48,6 +48,18 @@ def distribution() -> str:
                                                        state.distributed_type))
 
 
+def fsdp_ram_efficient_loading() -> bool:
+    """The FSDP plugin's cpu_ram_efficient_loading. That loading moves the model to the meta
+    device and assigns rank 0's state dict back into it, which torchao's FP8-gather weight
+    wrappers (no storage of their own) cannot go through; Accelerate refuses the pair for its
+    own torchao path (accelerator.py's FSDP2 checks)."""
+    from accelerate.state import AcceleratorState, is_initialized
+    if not is_initialized():
+        return False
+    plugin = AcceleratorState().fsdp_plugin
+    return bool(getattr(plugin, "cpu_ram_efficient_loading", False))
+
+
 # distribution() -> how the run is distributed instead, in words.
 NOT_FSDP2 = {"NO": "one process", "MULTI_GPU": "DDP",
              "MULTI_CPU": "DDP on CPUs: Accelerate runs FSDP only on CUDA",
@@ -65,6 +77,7 @@ class TorchAO(Fp8Backend):
         self.trials = False
         self.fsdp_all_gather = False   # decided in convert: the weights are all-gathered in FP8
         self.distributed_as = None     # distribution() as convert found it
+        self.ram_efficient_loading = False   # FSDP2's cpu_ram_efficient_loading kept it off
 
     def for_trials(self) -> "TorchAO":
         # Trial models are never sharded: each rank runs its own whole copy.
@@ -78,7 +91,10 @@ class TorchAO(Fp8Backend):
                 self.trials:
             return False
         self.distributed_as = distribution()
-        return self.distributed_as == "FSDP2"
+        if self.distributed_as != "FSDP2":
+            return False
+        self.ram_efficient_loading = fsdp_ram_efficient_loading()
+        return not self.ram_efficient_loading
 
     def unavailable(self, device: torch.device) -> Optional[str]:
         try:
@@ -164,6 +180,12 @@ class TorchAO(Fp8Backend):
             out.append(f"fp8_fsdp_all_gather: true does nothing here: this run is not sharded "
                        f"with FSDP2 ({how}), so no weight is all-gathered; it applies under "
                        "FSDP2 (fsdp_version: 2, on CUDA)")
+        if self.ram_efficient_loading:
+            out.append("fp8_fsdp_all_gather is off: the FSDP config sets "
+                       "cpu_ram_efficient_loading, which torchao's FP8-gathered weights cannot go "
+                       "through; the weights are all-gathered in the base precision (set "
+                       "fsdp_cpu_ram_efficient_loading: false in the Accelerate config to gather "
+                       "them in FP8)")
         return out
 
     def describe(self) -> str:

@@ -270,8 +270,9 @@ def _tile_name(dim: int) -> str:
 
 
 def stateless_linear(linear_cls):
-    """te.Linear for a recipe with no state to checkpoint (current, block): it saves an empty
-    `_extra_state` and restores nothing. TE from 2.18 saves an empty tensor for these recipes
+    """te.Linear for a recipe with no state to checkpoint (current, block): it saves no
+    `_extra_state` and restores nothing (an empty one, from a checkpoint written before, is
+    ignored). TE from 2.18 saves an empty tensor for these recipes
     itself (module/base.py get_extra_state, for recipes pytorch/_extra_state.py classes as
     STATELESS). TE 2.2 to 2.17 pickle {"recipe": the recipe object, "extra_fp8_variables":
     ...} instead, whose globals (Float8CurrentScaling, QParams, MMParams, ...) fp8train's
@@ -281,11 +282,26 @@ def stateless_linear(linear_cls):
     cached = _STATELESS.get(linear_cls)
     if cached is None:
         class StatelessLinear(linear_cls):
+            # No `_extra_state` key in the state dict at all: an empty tensor per layer (what TE
+            # 2.18+ writes itself) has no storage, so every layer's would look like one shared
+            # tensor to Accelerate's safetensors writer, which keeps one of them, and the
+            # strict load of the checkpoint (resume, rollback) would then miss the others.
             def get_extra_state(self) -> torch.Tensor:
                 return torch.empty(0, dtype=torch.uint8)
 
             def set_extra_state(self, state) -> None:
                 pass   # a stateless recipe's scales come from the tensors themselves
+
+            def _save_to_state_dict(self, destination, prefix, keep_vars):
+                super()._save_to_state_dict(destination, prefix, keep_vars)
+                destination.pop(prefix + "_extra_state", None)
+
+            def _load_from_state_dict(self, state_dict, prefix, local_metadata, strict,
+                                      missing_keys, unexpected_keys, error_msgs):
+                super()._load_from_state_dict(state_dict, prefix, local_metadata, strict,
+                                              missing_keys, unexpected_keys, error_msgs)
+                if prefix + "_extra_state" in missing_keys:
+                    missing_keys.remove(prefix + "_extra_state")
         cached = _STATELESS[linear_cls] = StatelessLinear
     return cached
 

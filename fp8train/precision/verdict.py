@@ -34,8 +34,9 @@ from typing import Optional
 
 FLOP_COUNTING = ("6 FLOPs per matmul weight per token (forward + backward) + attention scores "
                  "and values 12 * n_layer * n_embd * seq_len, as MFU counts them")
-# FP8's dense tensor-core peak over bf16's (H100, H200, B200, L40S alike).
-PEAK_RATIO = 2.0
+# FP8's dense tensor-core peak over the base precision's (H100, H200, B200, L40S alike), for
+# the bound when nothing was timed; an fp32 base (TF32, or no tensor cores) gets no bound.
+PEAK_RATIO = {"bf16": 2.0, "fp16": 2.0}
 
 
 @dataclass
@@ -186,9 +187,12 @@ def verdict(f: Fp8Facts, flops_per_token: float, tokens_per_sec: Optional[float]
     if f.timings:
         out.update(timed_tokens=f.timed_tokens, timed_shapes=timed_shapes(f.timings, counts),
                    converted_gemm_speedup=gain)
-    if out["flop_share"] is not None:
-        out.update(flop_bound=amdahl(out["flop_share"], gain or PEAK_RATIO),
-                   flop_bound_gain=gain or PEAK_RATIO)
+    bound_gain = gain or PEAK_RATIO.get(f.base)
+    if out["flop_share"] is not None and bound_gain:
+        out.update(flop_bound=amdahl(out["flop_share"], bound_gain), flop_bound_gain=bound_gain)
+    if unknown:   # the timed GEMMs of the layers of unknown shape would be left out
+        return dict(out, note=f"no step speed-up estimate ({unknown} converted layers of "
+                    "unknown shape); compare with a bf16 twin run to measure it")
     if gemm is None:
         why = "a converted shape was not timed" if f.timings else \
             f"layers not timed: {f.layer_policy}" if f.layer_policy.startswith("auto") else \
@@ -236,7 +240,7 @@ def describe(v: Optional[dict]) -> list:
     if v["flop_bound"] is not None:
         g = v["flop_bound_gain"]
         how = f"their timed {_x(g)}" if v["converted_gemm_speedup"] else \
-            f"{_x(g)} (FP8's peak over bf16's, not measured)"
+            f"{_x(g)} (FP8's peak over {v['base']}'s, not measured)"
         lines.append(f"summary: FP8 FLOP-share bound: at most {_x(v['flop_bound'])} for the "
                      f"whole step, if its time split like its FLOPs and the converted GEMMs "
                      f"ran at {how}")

@@ -11,7 +11,7 @@ block scaling needs 9.0 and CUDA 12.9, and is skipped with TE's own reason elsew
   fp8train's scales (fp8_max / amax per tensor for current scaling; per 1 x 128 or 128 x 128
   tile, rounded down to a power of two, for block scaling);
 - a few steps of the tiny model train with each recipe: the loss is finite and falls, the fp8/
-  metrics are logged at every logged step, each checkpoint's `_extra_state` is empty (these
+  metrics are logged at every logged step, the checkpoints hold no `_extra_state` (these
   recipes have no state) and passes fp8train's checkpoint scan, and a run stopped at step 6 and
   resumed gives the losses of the uninterrupted run."""
 import math
@@ -121,11 +121,11 @@ def test_training_checkpoint_and_resume(tmp_path, recipe):
         assert recipe != "block" or row["fp8/saturated"] == 0.0, (step, row["fp8/saturated"])
 
     for ckpt in sorted((straight / "checkpoints").glob("step_*")):
-        assert te_extra_states(ckpt) == {}, ckpt   # empty, after the checkpoint scan passed
+        assert te_extra_states(ckpt) == {}, ckpt   # none, after the checkpoint scan passed
         from safetensors import safe_open
         with safe_open(str(ckpt / "model.safetensors"), framework="pt") as fh:
-            extra = [k for k in fh.keys() if k.endswith("._extra_state")]
-            assert len(extra) == 8 and all(fh.get_tensor(k).numel() == 0 for k in extra)
+            # Left out: empty tensors would look shared to Accelerate's writer (one kept).
+            assert not [k for k in fh.keys() if k.endswith("._extra_state")]
 
     first = run_train(*_run(resumed, recipe, max_steps=6))
     assert first.returncode == 0, first.stderr[-3000:]
