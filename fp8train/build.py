@@ -23,6 +23,7 @@ from .evaluator import Evaluator, missed as missed_eval
 from .health import Health
 from .logger import Logger
 from .metrics import Meter, WallClock, device_name, peak_note
+from .profiling import StepProfiler
 from .model import compiled, model_config_from
 from .optimizer import build_optimizer
 from .planning import (BatchDecision, RunLength, decide_batch, new_model, run_length,
@@ -104,6 +105,7 @@ class Parts:
     stopper: Stopper
     meter: Meter
     wall: WallClock
+    profiler: StepProfiler
 
 
 @dataclass
@@ -186,7 +188,9 @@ def build(cfg: Config, state, log: Logger, requests: StopRequests) -> Optional[R
                                     acc.num_processes, acc.device),
                   Meter(cfg.log_interval, feed.tokens_per_step, plan.world, flops_per_token,
                         acc.device),
-                  WallClock(train_state.wall_seconds))
+                  WallClock(train_state.wall_seconds),
+                  StepProfiler(cfg.profile_steps, run_dir, acc.device, acc.process_index, log,
+                               tracker))
     log.start_progress(feed.sched.total_steps, train_state.step,
                        mfu_label=" of bf16 peak" if prec.fp8 else "")
     facts = dict(derived, model=cfg.model, target_val_loss=cfg.target_val_loss,

@@ -146,6 +146,15 @@ def coerce(f, value: Any, source: str) -> Any:
             bad()
         if value != value.strip():
             bad("leading or trailing whitespace")
+    elif base == "tuple":    # a pair of step numbers: [5, 8] in YAML, --key=5,8 or [5,8]
+        if isinstance(value, str):
+            value = [v.strip() for v in value.strip("[]").split(",")]
+            value = [int(v) if re.fullmatch(r"\d+", v) else v for v in value]
+        if not isinstance(value, list) or len(value) != 2 or \
+                not all(isinstance(v, int) and not isinstance(v, bool) for v in value) or \
+                not 1 <= value[0] <= value[1]:
+            bad()
+        value = list(value)
     elif base == "list":
         if isinstance(value, str):
             value = [v.strip() for v in value.split(",") if v.strip()]

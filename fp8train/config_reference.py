@@ -48,7 +48,7 @@ there as `tinyshakespeare/` (prepared) or `tinyshakespeare.txt`, `fineweb-edu` a
 """
 
 _TYPES = {"int": "integer", "float": "number", "bool": "true \\| false", "str": "string",
-          "list": "list of strings"}
+          "list": "list of strings", "tuple": "`[START, END]` (steps, 1 ≤ START ≤ END)"}
 
 
 def _code(text: str) -> str:

@@ -83,7 +83,9 @@ class Trainer:
                 while st.step < total and not (stop_reason or at_target):
                     last = st.step + 1 == total
                     logged = p.meter.due(st.step + 1, last)
+                    p.profiler.before(st.step + 1)
                     lr, grad_norm = self.train_step(logged)
+                    p.profiler.after(st.step, p.meter)
                     if first:
                         self.first_step(time.perf_counter() - started, logged)
                         first = False
@@ -96,6 +98,7 @@ class Trainer:
                     stop_reason = p.stopper.reason
             finally:
                 self.batches.close()
+                p.profiler.close()   # a run that ends inside the window still writes it
             return self.finish(stop_reason, at_target)
 
     def first_step(self, seconds: float, logged: bool) -> None:

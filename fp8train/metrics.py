@@ -140,6 +140,7 @@ class Meter:
         self.steps, self.data_wait, self.first = 0, 0.0, True
         self.carried = 0      # steps of this interval taken before the checkpoint resumed here
         self.last_steps = 0   # the steps of the interval last logged
+        self.profiled = False  # a step of this interval ran under the profiler
 
     @property
     def pending(self) -> int:
@@ -171,6 +172,11 @@ class Meter:
     def stepped(self) -> None:
         self.steps += 1
 
+    def mark_profiled(self) -> None:
+        """A step of this interval ran under the profiler (profile_steps): slower than the
+        others, so the interval stays out of the steady state and its row says so."""
+        self.profiled = True
+
     # Around evaluation, checkpoints and rollbacks: they are not training time.
     def pause(self) -> None:
         self.clock.pause()
@@ -189,7 +195,7 @@ class Meter:
         """The interval's row (after its host sync); adds its time to the train state."""
         elapsed = self.clock.take()
         st.train_seconds += elapsed
-        if not self.first:
+        if not (self.first or self.profiled):
             st.steady_tokens += self.tokens_per_step * self.steps
             st.steady_seconds += elapsed
         self.first = False
@@ -200,8 +206,10 @@ class Meter:
                             self.flops_per_token, self.peak),
                "train/data_wait_fraction":
                    min(1.0, self.data_wait / elapsed) if elapsed > 0 else 0.0}
+        if self.profiled:
+            row["train/profiled"] = 1
         self.last_steps, self.steps, self.data_wait = self.pending, 0, 0.0
-        self.carried = 0
+        self.carried, self.profiled = 0, False
         return row
 
     def memory(self) -> dict:

@@ -534,7 +534,15 @@ def _prepare(a: PrepareArgs, log) -> dict:
     pool = None
     if a.num_proc > 1:
         import multiprocessing as mp
-        pool = mp.get_context("spawn").Pool(a.num_proc, _init_pool_worker, (a.tokenizer,))
+        import signal
+        # The workers start with Ctrl-C ignored (a Python started with SIGINT ignored keeps it
+        # so): one still importing when it comes would print a KeyboardInterrupt traceback
+        # before its initializer could ignore it. The parent reports Ctrl-C, once.
+        previous = signal.signal(signal.SIGINT, signal.SIG_IGN)
+        try:
+            pool = mp.get_context("spawn").Pool(a.num_proc, _init_pool_worker, (a.tokenizer,))
+        finally:
+            signal.signal(signal.SIGINT, previous)
         encoded = pool.imap(_encode, batches, chunksize=1)  # in order: deterministic
     else:
         _init_worker(a.tokenizer)

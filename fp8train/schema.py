@@ -202,6 +202,10 @@ class Config:
     # --- logging --------------------------------------------------------------------------------
     log_interval: int = _key(10, "optimizer steps between log lines / metrics.jsonl rows",
                              "logging", min=1, resume="free")
+    profile_steps: Optional[tuple] = _key(
+        None, "record optimizer steps START to END (1-based, inclusive) with torch.profiler into "
+        "<output_dir>/profile/ (a Chrome/Perfetto trace; on CUDA also a memory snapshot); their "
+        "tokens/s are left out of the run's throughput", "logging", resume="free")
     # --- eval -----------------------------------------------------------------------------------
     target_val_loss: Optional[float] = _key(
         None, "the val/loss to reach: when an evaluation reaches it, val/time_to_target_s and "
@@ -327,7 +331,8 @@ def bounds(f, ge: str = ">=", le: str = "<=") -> list:
     return out
 
 
-TYPE_WORDS = {"int": "an integer", "float": "a number", "bool": "true or false",
+TYPE_WORDS = {"tuple": "a pair of step numbers [START, END], 1 <= START <= END",
+              "int": "an integer", "float": "a number", "bool": "true or false",
               "str": "a string", "list": "a list of strings"}
 
 
@@ -372,7 +377,8 @@ def section(cfg: Config, group: str):
 
 
 HELP_WIDTH = 100
-_HELP_TYPES = {"int": "INT", "float": "FLOAT", "bool": "BOOL", "str": "TEXT",
+_HELP_TYPES = {"tuple": "[START,END]", "int": "INT", "float": "FLOAT", "bool": "BOOL",
+               "str": "TEXT",
                "list": "LIST (a,b or [a, b])"}
 
 USAGE = "usage: train_fp8.py --config FILE [--key=value | --key value ...]"

@@ -198,6 +198,18 @@ class Tracker:
                 | {f"summary/{k}/{kk}": vv for k, v in values.items() if isinstance(v, dict)
                    for kk, vv in v.items()}))
 
+    def save_file(self, path: str, folder: str = "profile") -> None:
+        """A file of the run directory (a profiler trace) attached to the W&B run: copied into
+        the run's files directory (`run.dir`), which W&B uploads with the run (wandb.save
+        would link it instead, and warn on the console that later changes need another save)."""
+        if self.active:
+            def copy():
+                import shutil
+                dest = os.path.join(self.run.dir, folder)
+                os.makedirs(dest, exist_ok=True)
+                shutil.copyfile(path, os.path.join(dest, os.path.basename(path)))
+            self._guard(copy)
+
     def preempting(self) -> None:
         """Tell W&B the run is stopping to be resumed (sweeps treat it as preempted, not
         failed)."""

@@ -6,6 +6,13 @@ option as typed."""
 from bad_input_kit import Case, yaml_case
 
 CASES = [
+    # profile_steps: a pair of steps, the first not after the second ---------------------------
+    Case("cli-profile-steps-reversed", ["--profile_steps=[5,3]"],
+         expect="--profile_steps=[5,3] on the command line: key 'profile_steps' must be a pair "
+                "of step numbers [START, END], 1 <= START <= END (or null), got [5, 3]"),
+    yaml_case("config-profile-steps-from-zero", "profile_steps: [0, 2]\n",
+              expect="{d}/x.yaml: key 'profile_steps' must be a pair of step numbers [START, "
+                     "END], 1 <= START <= END (or null), got [0, 2]"),
     # FP8 recipes: each backend accepts its own; delayed-scaling keys only under delayed ------
     Case("cli-fp8-recipe-of-another-backend", ["--use_fp8", "--fp8_backend=te",
                                                "--fp8_recipe=rowwise"],

@@ -101,7 +101,7 @@ def test_offline_run_holds_every_metric_the_config_and_resumes_the_same_run(tmp_
     out = tmp_path / "run"
     env = wandb_env(tmp_path, WANDB_MODE="offline")
     args = tiny_args(out, use_fp8="true", fp8_backend="native", use_wandb="true",
-                     wandb_tags="[ci, fp8]", max_steps=6)
+                     wandb_tags="[ci, fp8]", max_steps=6, profile_steps="[5,5]")
     r = run_with_env(args, env)
     assert r.returncode == 0, r.stderr[-3000:]
     assert "W&B: run" in r.stdout and "(offline)" in r.stdout
@@ -151,6 +151,10 @@ def test_offline_run_holds_every_metric_the_config_and_resumes_the_same_run(tmp_
     assert summary["summary/status"] == "completed" and summary["summary/steps"] == 6
     assert summary["summary/batch/effective_batch_size"] == 16
     assert summary["summary/fp8_layers_converted"] == 8
+    # The profiler's trace is attached to the run (profile_steps).
+    assert os.path.isfile(os.path.join(run_dir, "files", "profile",
+                                       "trace_steps_5-5_rank0.json"))
+    assert train[-1]["train/profiled"] == 1
 
     # A resumed run continues the same W&B run.
     r = run_with_env(args[:-1] + ["--max_steps=12", "--resume"], env)

@@ -40,3 +40,21 @@ def test_resume_on_gpu_continues_the_step_count(tmp_path):
     r = run_train(*tiny_args(out, max_steps=12, lr_decay_steps=12), "--resume")
     assert r.returncode == 0 and "at step 6" in r.stdout, r.stderr[-3000:]
     assert os.path.isdir(out / "checkpoints" / "step_0000012")
+
+
+def test_profiled_steps_on_gpu_record_cuda_kernels_and_a_memory_snapshot(tmp_path):
+    """profile_steps on CUDA: the trace has the GPU's kernels inside each step's range, and the
+    memory snapshot of the same steps loads as memory_viz reads it (a pickled dict with the
+    allocator's segments and the recorded traces)."""
+    import pickle
+    out = tmp_path / "run"
+    r = run_train(*tiny_args(out, max_steps=8, log_interval=2, eval_samples=0),
+                  "--profile_steps=[3,4]")
+    assert r.returncode == 0, r.stderr[-3000:]
+    assert "the memory snapshot in https://pytorch.org/memory_viz" in r.stdout
+    trace = json.loads((out / "profile" / "trace_steps_3-4_rank0.json").read_text())
+    kernels = [e for e in trace["traceEvents"] if e.get("cat") == "kernel"]
+    assert kernels, "no CUDA kernel in the trace"
+    with open(out / "profile" / "memory_steps_3-4_rank0.pickle", "rb") as fh:
+        snapshot = pickle.load(fh)
+    assert snapshot["segments"] and any(snapshot["device_traces"])
