@@ -162,8 +162,7 @@ def build(cfg: Config, state, log: Logger, requests: StopRequests) -> Optional[R
     set_seed(cfg.seed + acc.process_index)
     _restore(acc, manager, checkpoint, train_state, prec, feed, log)
     derived = _derived(prec, acc, feed, mcfg, n_params, flops_per_token, log)
-    derived.update(data=data_id, **({"batch_discovery": batch.note} if batch.note else {}),
-                   environment=environment(acc.num_processes))
+    derived.update(data=data_id, **batch.derived(), environment=environment(acc.num_processes))
     resolved = dataclasses.replace(cfg, output_dir=run_dir, resume=resume,
                                    activation_checkpointing=batch.activation_checkpointing)
     config_text = write_config(resolved, derived, run_dir, acc.is_main_process)
@@ -181,7 +180,7 @@ def build(cfg: Config, state, log: Logger, requests: StopRequests) -> Optional[R
                   resuming=checkpoint is not None)
     log.attach(tracker)
     checkpointer = Checkpointer(section(cfg, "checkpoint"), manager, acc, log, config_text,
-                                run_hash)
+                                run_hash, resumed=checkpoint)
     recovery = Recovery(section(cfg, "reliability"), checkpointer, acc, prec, net.health, log)
     parts = Parts(_evaluator(cfg, acc, prec, splits.val, plan.micro, mcfg, log), checkpointer,
                   recovery, Stopper(requests, cfg.max_hours, cfg.log_interval,

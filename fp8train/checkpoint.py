@@ -10,12 +10,16 @@ no object of ours is pickled, everything loads with safetensors, torch.load(weig
 Writing is atomic, in four phases: the files go into .tmp-step_NNNNNNN/ (`_write_state`), are
 fsynced and the manifest is written (`_write_manifest`), the directory is renamed into place
 (`_move_into_place`), `latest` is replaced (`_point_latest`). A crash at any point leaves the
-complete new checkpoint or none. Loading verifies the manifest; a corrupt or partial checkpoint
-(any damage, a missing manifest included) is reported, moved aside and the previous one used,
-while an intact one this version cannot continue (another checkpoint format) is refused.
-Verification also checks what loading would unpickle (`safe_load.unsafe_content`): a checkpoint
-from elsewhere cannot run code. `path_problem` says, from directory listings alone, why a path
-given to resume or export holds no checkpoint. Every file written gets the umask's mode.
+complete new checkpoint or none. A background save (`save_in_background`, checkpoint_async)
+writes the same files through the same phases: at the step every rank writes its RNG states and
+rank 0 copies the model and optimizer states into host memory; a thread of rank 0 then writes
+those (`_write_model_copy`, `_write_optimizer_copy`) and publishes. Loading verifies the
+manifest; a corrupt or partial checkpoint (any damage, a missing manifest included) is
+reported, moved aside and the previous one used, while an intact one this version cannot
+continue (another checkpoint format) is refused. Verification also checks what loading would
+unpickle (`safe_load.unsafe_content`): a checkpoint from elsewhere cannot run code.
+`path_problem` says, from directory listings alone, why a path given to resume or export holds
+no checkpoint. Every file written gets the umask's mode.
 """
 from __future__ import annotations
 
@@ -24,6 +28,7 @@ import json
 import os
 import re
 import shutil
+import threading
 import time
 from concurrent.futures import ThreadPoolExecutor
 
@@ -45,6 +50,42 @@ MANIFEST_FORMAT = 2   # 1: the counters were Accelerate's custom_checkpoint_0.pk
 class CheckpointWriteError(Exception):
     """A checkpoint could not be written (disk full, read-only, ...). The previous checkpoint is
     untouched."""
+
+
+class BackgroundSave:
+    """A checkpoint being written by a thread of rank 0 (`save_in_background`); on the other
+    ranks, where nothing is written in the background, an empty one. Every rank knows the step
+    and when the save started; only rank 0 knows how it went, until `wait` agrees it."""
+
+    def __init__(self, step: int, path: str, started: float):
+        self.step, self.path, self.started = step, path, started
+        self.blocked_s = 0.0              # how long training waited for it (set by the caller)
+        self.tokens = 0                   # the run's tokens at its step (set by the caller)
+        self.save_s: float | None = None  # its duration, start to published (rank 0)
+        self.error: str | None = None     # what failed in the thread (rank 0)
+        self._thread = None
+
+    def start(self, write) -> None:
+        def run():
+            try:
+                write()
+            except BaseException as e:   # reported at the next wait, not by the thread
+                self.error = _describe(e)
+            self.save_s = time.perf_counter() - self.started
+        # Not a daemon: a process that exits otherwise than by a kill finishes the write first.
+        self._thread = threading.Thread(target=run, name=f"checkpoint-step-{self.step}")
+        self._thread.start()
+
+    def done(self) -> bool:
+        """Whether the thread has finished (always true on the ranks without one)."""
+        return self._thread is None or not self._thread.is_alive()
+
+    def wait(self) -> str | None:
+        """Wait for the thread; every rank gets the first rank's error, or None (collective:
+        every rank calls it at the same point)."""
+        if self._thread is not None:
+            self._thread.join()
+        return first_error(self.error)
 
 
 def step_dir_name(step: int) -> str:
@@ -156,11 +197,14 @@ class CheckpointManager:
             shutil.rmtree(os.path.join(self.dir, name), ignore_errors=True)
         return gone
 
-    def save(self, accelerator, state: TrainState, config_text: str, meta: dict) -> str:
+    def save(self, accelerator, state: TrainState, config_text: str, meta: dict,
+             started: float | None = None) -> str:
         """Checkpoint of step `state.step`, with `state` and the run's resolved config (so that a
         resume can tell what changed), `meta` in the manifest. Collective: every rank calls it
         (each saves its own RNG state). Raises CheckpointWriteError on every rank when any
-        rank's write failed; the previous checkpoint is left as it was."""
+        rank's write failed; the previous checkpoint is left as it was. `started`: when the save
+        began (time.perf_counter), for the manifest's `save_s`."""
+        started = time.perf_counter() if started is None else started
         step, main = state.step, accelerator.is_main_process
         final = os.path.join(self.dir, step_dir_name(step))
         tmp = os.path.join(self.dir, f".tmp-{step_dir_name(step)}")
@@ -171,14 +215,47 @@ class CheckpointManager:
             error = first_error(_attempt(
                 lambda: self._write_state(accelerator, tmp, state, config_text), Exception))
         if error is None:
-            error = first_error(_attempt(lambda: self._publish(tmp, final, step, meta))
+            error = first_error(_attempt(lambda: self._publish(tmp, final, step, meta, started))
                                 if main else None)
         if error is not None:
             if main:
                 shutil.rmtree(tmp, ignore_errors=True)
-            raise CheckpointWriteError(f"checkpoint of step {step:,} could not be written to "
-                                       f"'{self.dir}' ({error}; {_free_space(self.dir)})")
+            raise self._write_error(step, error)
         return final
+
+    def save_in_background(self, accelerator, state: TrainState, config_text: str, meta: dict,
+                           copier, started: float) -> "BackgroundSave":
+        """The same checkpoint as `save`, written by a background thread of rank 0 while
+        training goes on. Here, at the step, every rank writes its small files (RNG states,
+        through Accelerate's own function, as of this step) into .tmp-step_N/ and rank 0 the
+        counters and the config, and copies the model and optimizer states into host memory
+        (`copier`, a HostCopy); the thread then writes those two with Accelerate's own save
+        helper and file names and publishes the checkpoint in the usual phases (manifest,
+        rename, `latest`, pruning). Collective, like `save`: CheckpointWriteError on every rank
+        when the part done here failed on any. The thread does no collective: its outcome is
+        agreed when the caller waits for it (`BackgroundSave.wait`). The caller waits for the
+        previous one before it calls this (the copies' buffers are reused)."""
+        step, main = state.step, accelerator.is_main_process
+        final = os.path.join(self.dir, step_dir_name(step))
+        tmp = os.path.join(self.dir, f".tmp-{step_dir_name(step)}")
+        error = first_error(_attempt(lambda: self._clear(tmp)) if main else None)
+        copies = {}
+        if error is None:
+            error = first_error(_attempt(lambda: copies.update(self._write_small_state(
+                accelerator, tmp, state, config_text, copier)), Exception))
+        if error is not None:
+            if main:
+                shutil.rmtree(tmp, ignore_errors=True)
+            raise self._write_error(step, error)
+        job = BackgroundSave(step, final, started)
+        if main:
+            job.start(lambda: self._write_in_background(tmp, final, step, meta, started,
+                                                        copies["models"], copies["optimizers"]))
+        return job
+
+    def _write_error(self, step: int, error: str) -> CheckpointWriteError:
+        return CheckpointWriteError(f"checkpoint of step {step:,} could not be written to "
+                                    f"'{self.dir}' ({error}; {_free_space(self.dir)})")
 
     def restore(self, accelerator, path: str, state: TrainState) -> None:
         """Load checkpoint `path` (verified) into the prepared model and optimizer and every
@@ -198,24 +275,89 @@ class CheckpointManager:
         states), then rank 0 the counters and the config."""
         accelerator.save_state(tmp)
         if accelerator.is_main_process:
-            with open(os.path.join(tmp, TRAIN_STATE), "w", encoding="utf-8") as fh:
-                json.dump(state.to_dict(), fh, indent=1, sort_keys=True)
-                fh.write("\n")
-            with open(os.path.join(tmp, CONFIG_NAME), "w", encoding="utf-8") as fh:
-                fh.write(config_text)
+            self._write_counters(tmp, state, config_text)
 
-    def _publish(self, tmp: str, final: str, step: int, meta: dict) -> None:
+    @staticmethod
+    def _write_counters(tmp: str, state: TrainState, config_text: str) -> None:
+        with open(os.path.join(tmp, TRAIN_STATE), "w", encoding="utf-8") as fh:
+            json.dump(state.to_dict(), fh, indent=1, sort_keys=True)
+            fh.write("\n")
+        with open(os.path.join(tmp, CONFIG_NAME), "w", encoding="utf-8") as fh:
+            fh.write(config_text)
+
+    def _write_small_state(self, accelerator, tmp: str, state: TrainState, config_text: str,
+                           copier) -> dict:
+        """Phase 1, at the step, for a background save: Accelerator.save_state's work split in
+        two. Here, what it writes besides the model and optimizer files, with the same function
+        (save_accelerator_state given no model and no optimizer: each rank's RNG states as of
+        this step, the GradScaler's, schedulers' and samplers' states, then registered objects),
+        and rank 0's counters and config. Rank 0 returns host copies of what save_state would
+        write as model.safetensors and optimizer.bin (the same state dicts, taken the same way),
+        for `_write_in_background`; the other ranks write neither file, as with save_state."""
+        from accelerate.checkpointing import save_accelerator_state, save_custom_state
+        acc = accelerator
+        os.makedirs(tmp, exist_ok=True)   # as save_state makes it
+        weights = [acc.get_state_dict(m, unwrap=False) for m in acc._models]
+        for hook in acc._save_model_state_pre_hook.values():   # as save_state calls them
+            hook(acc._models, weights, tmp)
+        save_accelerator_state(tmp, [], [], acc._schedulers, acc._dataloaders,
+                               acc.state.process_index, acc.step, acc.scaler,
+                               safe_serialization=True)
+        for i, obj in enumerate(acc._custom_objects):
+            save_custom_state(obj, tmp, i)
+        if not acc.is_main_process:
+            return {}
+        self._write_counters(tmp, state, config_text)
+        models, optimizers = copier.copy(
+            (weights, [opt.state_dict() for opt in acc._optimizers]))
+        return dict(models=models, optimizers=optimizers)
+
+    def _write_in_background(self, tmp: str, final: str, step: int, meta: dict,
+                             started: float, models: list, optimizers: list) -> None:
+        """The background thread of a background save (rank 0): the model and optimizer files
+        from their host copies, then phases 2 to 4. A failure removes the partial write and is
+        raised to BackgroundSave, which reports it when the run waits for it."""
+        try:
+            self._write_model_copy(tmp, step, models)
+            self._write_optimizer_copy(tmp, step, optimizers)
+            self._publish(tmp, final, step, meta, started)
+        except BaseException:
+            shutil.rmtree(tmp, ignore_errors=True)
+            raise
+
+    def _write_model_copy(self, tmp: str, step: int, models: list) -> None:
+        """model.safetensors (model_N.safetensors for more models), as save_accelerator_state
+        names and writes them."""
+        from accelerate.utils import SAFE_WEIGHTS_NAME, save
+        for i, weights in enumerate(models):
+            name = SAFE_WEIGHTS_NAME if i == 0 else SAFE_WEIGHTS_NAME.replace(".", f"_{i}.")
+            save(weights, os.path.join(tmp, name), safe_serialization=True)
+
+    def _write_optimizer_copy(self, tmp: str, step: int, optimizers: list) -> None:
+        """optimizer.bin (optimizer_N.bin for more), as save_accelerator_state writes them."""
+        from accelerate.utils import OPTIMIZER_NAME, save
+        for i, opt_state in enumerate(optimizers):
+            name = f"{OPTIMIZER_NAME}.bin" if i == 0 else f"{OPTIMIZER_NAME}_{i}.bin"
+            save(opt_state, os.path.join(tmp, name), safe_serialization=False)
+
+    def _publish(self, tmp: str, final: str, step: int, meta: dict,
+                 started: float | None = None) -> None:
         """Phases 2 to 4, rank 0."""
-        self._write_manifest(tmp, step, meta)
+        self._write_manifest(tmp, step, meta, started)
         old = self._move_into_place(tmp, final, step)
         self._point_latest(final, old)
 
-    def _write_manifest(self, tmp: str, step: int, meta: dict) -> None:
-        """Phase 2: every file fsynced, then the manifest (each file's size and SHA-256)."""
+    def _write_manifest(self, tmp: str, step: int, meta: dict,
+                        started: float | None = None) -> None:
+        """Phase 2: every file fsynced, then the manifest (each file's size and SHA-256, and
+        `save_s`: the seconds from the save's start to here, nearly all of its time, so that a
+        resumed run knows how long its checkpoint took)."""
         give_normal_mode([tmp])
         files = _checksums(tmp)
         _fsync_tree(tmp)
-        manifest = dict(format=MANIFEST_FORMAT, step=step, **meta, files=files,
+        timing = {} if started is None else \
+            dict(save_s=round(time.perf_counter() - started, 3))
+        manifest = dict(format=MANIFEST_FORMAT, step=step, **meta, **timing, files=files,
                         written=time.strftime("%Y-%m-%dT%H:%M:%S%z"))
         _atomic_write(os.path.join(tmp, MANIFEST), json.dumps(manifest, indent=1) + "\n")
 
@@ -552,6 +694,18 @@ def _attempt(action, catch=OSError) -> str | None:
     except catch as e:
         return _describe(e)
     return None
+
+
+def directory_bytes(path: str) -> int:
+    """Bytes of every file under `path` (a checkpoint's size on disk, as its files count it)."""
+    total = 0
+    for d, _, names in os.walk(path):
+        for name in names:
+            try:
+                total += os.path.getsize(os.path.join(d, name))
+            except OSError:
+                pass
+    return total
 
 
 def _free_space(path: str) -> str:

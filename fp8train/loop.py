@@ -96,6 +96,7 @@ class Trainer:
                     at_target = self.eval_and_save(last, stop_reason)
                     # an evaluation abandoned for a signal, or a signal during the save
                     stop_reason = p.stopper.reason
+                    p.checkpointer.poll()   # a background checkpoint write that has finished
             finally:
                 self.batches.close()
                 p.profiler.close()   # a run that ends inside the window still writes it
@@ -260,6 +261,7 @@ class Trainer:
     def finish(self, stop_reason, at_target: bool) -> int:
         """The closing line and the end-of-run report (log, summary.json, W&B summary)."""
         st, p = self.st, self.parts
+        p.checkpointer.wait(st, final=True)   # a background write in flight: the run's last one
         exit_code = EXIT_STOPPED if p.stopper.signalled else 0
         if exit_code == EXIT_STOPPED:
             self.note_signal()

@@ -48,7 +48,8 @@ def resume_steps(run_dir: str) -> list:
     """The steps at which the run in `run_dir` was resumed: from train.log's "resumed from ...
     at step N" lines; without train.log, from the rows of a metrics.jsonl that a resume did not
     truncate (a step lower than the one before it: the first row re-run, a step or a log
-    interval after the checkpoint). Nothing readable: []."""
+    interval after the checkpoint; checkpoint rows, logged when a background write ends, are
+    left out). Nothing readable: []."""
     found = set()
     try:
         with open(os.path.join(run_dir, "train.log"), encoding="utf-8", errors="replace") as fh:
@@ -69,8 +70,9 @@ def resume_steps(run_dir: str) -> list:
                 except json.JSONDecodeError:
                     continue
                 step = row.get("step") if isinstance(row, dict) else None
-                if not isinstance(step, (int, float)) or isinstance(step, bool):
-                    continue
+                if not isinstance(step, (int, float)) or isinstance(step, bool) or \
+                        any(k.startswith("checkpoint/") for k in row):
+                    continue   # a background checkpoint's row comes after later steps' rows
                 if last is not None and step < last:
                     found.add(int(step))
                 last = step

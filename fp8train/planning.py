@@ -66,6 +66,12 @@ class BatchDecision:
     plan: BatchPlan
     note: str = ""                          # how it was decided, for the log and config.yaml
     activation_checkpointing: bool = False  # the run's setting: the config's, or the probe's
+    timings: tuple = ()                     # the timed micro-batches (autobatch.speed_table)
+
+    def derived(self) -> dict:
+        """config.yaml's derived keys of the decision."""
+        return {**({"batch_discovery": self.note} if self.note else {}),
+                **({"batch_timings": list(self.timings)} if self.timings else {})}
 
 
 def new_model(mcfg, activation_checkpointing: bool) -> GPT:
@@ -86,7 +92,8 @@ def written_plan(cfg: Config, world: int) -> "BatchPlan | None":
 def decide_batch(cfg: Config, written: "BatchPlan | None", mcfg, prec: Precision, accelerator,
                  checkpoint, run_dir: str, log) -> BatchDecision:
     """The batch plan as written, or (auto_batch_size) the checkpoint's micro-batch on resume,
-    or the largest micro-batch that fits, probed (or read from the cache) and agreed."""
+    or the micro-batch that fits (the fastest of those that divide the target, timed), probed
+    (or read from the cache) and agreed."""
     world = accelerator.num_processes
     if written is not None:
         return BatchDecision(written, "", cfg.activation_checkpointing)
@@ -115,8 +122,8 @@ def _discover(cfg: Config, mcfg, prec: Precision, accelerator, run_dir: str,
                  "micro-batch it finds is a lower bound (set batch_size and "
                  "gradient_accumulation_steps by hand to use more memory)")
 
-    def discover(act: bool, key: dict):
-        trial = autobatch.make_trial(
+    def trial(act: bool):
+        return autobatch.make_trial(
             build_model=lambda: new_model(mcfg, act),
             build_precision=lambda: build_precision(cfg, device, warn=lambda _: None,
                                                     run_dir=run_dir),
@@ -124,7 +131,9 @@ def _discover(cfg: Config, mcfg, prec: Precision, accelerator, run_dir: str,
             loss_fn=lambda logits, x: lm_loss(logits, x, cfg.penalty_type,
                                               cfg.penalty_weight)[0],
             cfg=cfg, vocab_size=mcfg.vocab_size, device=device, autocast=accelerator.autocast)
-        return autobatch.discover(cfg, trial, key, device, accelerator.process_index,
+
+    def discover(act: bool, key: dict):
+        return autobatch.discover(cfg, trial(act), key, device, accelerator.process_index,
                                   accelerator.num_processes, accelerator.is_main_process,
                                   log.msg, run_dir)
 
@@ -138,10 +147,23 @@ def _discover(cfg: Config, mcfg, prec: Precision, accelerator, run_dir: str,
         # without it. The cache key includes the setting, so this probes (or reads) anew.
         log.warn(f"{e}; trying again with activation_checkpointing on")
         act = True
-        fit = discover(act, dict(key, activation_checkpointing=True))
+        key = dict(key, activation_checkpointing=True)
+        fit = discover(act, key)
         note = "; activation_checkpointing turned on: micro-batch 1 did not fit without it"
-    plan = autobatch.plan_from_fit(cfg, accelerator.num_processes, fit.micro)
     how = f"cached in {autobatch.cache_path(cfg, run_dir)}" if fit.cached else \
         f"probe {fit.seconds:.1f} s"
-    return BatchDecision(plan, f"fitted micro {fit.micro} of max {cfg.max_batch_size} "
-                         f"({how}){note}", act)
+    note = f"fitted micro {fit.micro} of max {cfg.max_batch_size} ({how}){note}"
+    speed = autobatch.choose_speed(cfg, trial(act), key, fit.micro, device,
+                                   accelerator.num_processes, accelerator.is_main_process,
+                                   log.msg, run_dir)
+    if speed is None:
+        plan = autobatch.plan_from_fit(cfg, accelerator.num_processes, fit.micro)
+        return BatchDecision(plan, note, act)
+    for line in autobatch.describe_speed(speed, cfg.batch_speed_tolerance):
+        log.msg(line)
+    plan = autobatch.plan_from_fit(cfg, accelerator.num_processes, speed.micro)
+    largest = speed.candidates[0]
+    chosen = f"micro {speed.micro} the fastest of {len(speed.timings)} timed" + (
+        f" (the largest, {largest}, is slower)" if speed.micro != largest else "")
+    return BatchDecision(plan, f"{note}; {chosen}", act,
+                         tuple(autobatch.speed_table(speed)))

@@ -4,6 +4,8 @@ checkpoint (the data that led here is not replayed). A second time before a new 
 passed, the run stops: it diverges."""
 from __future__ import annotations
 
+import os
+
 from .errors import RunFailed
 
 
@@ -14,6 +16,7 @@ class Recovery:
             rel, checkpointer, accelerator, prec, health, log
         self.since = None          # the step of the last rollback, until a checkpoint passes it
         self.restored_step = None
+        self.detected = None       # the step at which the last rollback was decided
         self.last_remedy = ""
 
     def due(self, worst_streak: float) -> bool:
@@ -32,9 +35,13 @@ class Recovery:
         """Restore the latest checkpoint into the model, optimizer, FP8 state, RNG and `st`."""
         what = (f"{self.rel.max_bad_steps} or more consecutive steps with non-finite gradients "
                 f"(their updates were skipped), up to step {st.step:,}")
+        self.ckpt.wait(st)   # a checkpoint written in the background: published or failed
         found = self.ckpt.latest()
         hint = "lower learning_rate, raise warmup_steps" + (
             ", raise fp8_margin or train without FP8" if self.prec.fp8 else "")
+        if self.since is None and self.restored_step is not None and found is not None and \
+                _step_of(found) <= self.restored_step:
+            self.since = self.detected   # the checkpoint that passed it failed in the background
         if self.since is not None:
             raise RunFailed(f"{what}, again after restoring a checkpoint at step "
                             f"{self.restored_step:,} (the rollback at step {self.since:,}) and "
@@ -53,7 +60,7 @@ class Recovery:
         self.last_remedy = remedy or "skipping the data"
         self.health.reset()
         self.log.truncate_after(st.step)
-        self.since, self.restored_step = detected, st.step
+        self.since, self.restored_step, self.detected = detected, st.step, detected
         self.log.warn(f"ROLLBACK: {what}; restored {found} (step {st.step:,}); "
                       f"{remedy + '; ' if remedy else ''}skipping the {skipped_data:,} training "
                       f"sequences drawn since that checkpoint")
@@ -63,3 +70,8 @@ class Recovery:
             row["recovery/fp8_margin"] = self.prec.margin()
             row["recovery/fp8_on"] = int(not self.prec.disabled)
         self.log.log(row)
+
+
+def _step_of(checkpoint: str) -> int:
+    """The step of checkpoint directory `checkpoint` (checkpoints/step_NNNNNNN)."""
+    return int(os.path.basename(os.path.normpath(checkpoint)).rsplit("_", 1)[1])

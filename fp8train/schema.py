@@ -105,7 +105,8 @@ class Config:
     target_effective_batch_size: Optional[int] = _key(
         None, "sequences per optimizer step = micro x accumulation x world size", "batch", min=1,
                                                       resume="free")
-    auto_batch_size: bool = _key(False, "discover the largest micro-batch that fits at start",
+    auto_batch_size: bool = _key(False, "discover the micro-batch at start: the largest that "
+                                 "fits, or a smaller one that is timed faster",
                                  "batch", resume="free")
     max_batch_size: int = _key(128, "ceiling for the discovered micro-batch", "batch", min=1,
                                resume="free")
@@ -118,6 +119,14 @@ class Config:
     batch_cache_dir: Optional[str] = _key(
         None, "where discovered micro-batches are cached (batch_probe.json); default output_dir",
         "batch", resume="free")
+    batch_timing_budget_s: float = _key(
+        30.0, "seconds auto_batch_size may spend timing real steps at the micro-batches up to "
+        "the fit that divide the target, to take the fastest rather than the largest (0 = the "
+        "largest, untimed)",
+        "batch", min=0.0, resume="free")
+    batch_speed_tolerance: float = _key(
+        0.03, "a smaller micro-batch is taken only when its tokens/s beat the larger one's by "
+        "more than this fraction (timing noise)", "batch", min=0.0, max=0.5, resume="free")
     reprobe: bool = _key(False, "ignore the cached micro-batch (and fp8_layers auto timings) "
                          "and measure again", "batch", resume="free")
     # --- optimizer ------------------------------------------------------------------------------
@@ -232,6 +241,15 @@ class Config:
     checkpoint_required: bool = _key(
         False, "stop (exit 1) when a checkpoint cannot be written, instead of warning and "
         "training on", "checkpoint", resume="free")
+    checkpoint_async: bool = _key(
+        False, "write periodic checkpoints in a background thread from a copy of the state "
+        "taken in host memory at the step (host RAM the size of model + optimizer state; not "
+        "under FSDP): the same atomic checkpoint; the next save, a rollback, a stop and the end "
+        "wait for it", "checkpoint", resume="free")
+    checkpoint_window_s: Optional[float] = _key(
+        None, "seconds a stop signal leaves before the kill (the @TIME of SLURM's --signal); a "
+        "save taking over half of it is warned about, once; default: the SLURM job's --signal "
+        "(none outside SLURM)", "checkpoint", gt=0.0, resume="free")
     # --- reliability ----------------------------------------------------------------------------
     max_bad_steps: int = _key(
         10, "consecutive non-finite steps (each skipped) before the last checkpoint is restored "

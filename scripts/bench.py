@@ -116,10 +116,12 @@ def _common_args(preset: str, args, run_dir: str) -> list:
 
 def probe_args(preset: str, precision: str, args, run_dir: str) -> list:
     """The train_fp8.py command line that probes the micro-batch of a preset, eagerly, in its
-    base precision, and exits (--plan-only)."""
+    base precision, and exits (--plan-only). The largest fit, untimed: every row runs at it, so
+    that the precisions compare at one micro-batch."""
     return [*_common_args(preset, args, run_dir), "--auto_batch_size",
             f"--target_effective_batch_size={args.max_batch}",
-            f"--max_batch_size={args.max_batch}", "--compile=false", "--no_fp8",
+            f"--max_batch_size={args.max_batch}", "--batch_timing_budget_s=0",
+            "--compile=false", "--no_fp8",
             f"--precision={precision}", "--plan-only"]
 
 

@@ -18,6 +18,13 @@ knows nothing of this.
     usr1@step:S      send this process a real SIGUSR1 in step S (where kill@step fires)
     usr1@eval:S      ... as the evaluation of step S starts
     usr1@save:S      ... while the checkpoint of step S is written (its files, no manifest)
+    kill@asyncsave:S SIGKILL it from the background writer of step S (checkpoint_async), with
+                     the model file written and the optimizer's not yet, once training has
+                     gone on past step S+1 (the write is in flight while the run trains)
+    usr1@asyncsave:S send a real SIGUSR1 from there, then hold the write 3 s more: the stop
+                     reaches its wait while the write is still in flight
+    (kill@save:S:P also fires in a background write, in the writer thread: its phase `state`
+    comes once the model and optimizer files are written.)
     Any entry may end in @rankR to fire on that rank only.
 """
 from __future__ import annotations
@@ -25,6 +32,7 @@ from __future__ import annotations
 import errno
 import os
 import signal
+import time
 
 ENV = "FP8TRAIN_FAULTS"
 
@@ -36,7 +44,10 @@ class Faults:
         self.kill_step: set[int] = set()
         self.kill_save: dict[int, str] = {}
         self.fail_save: set[int] = set()
-        self.usr1: dict[str, set[int]] = {"step": set(), "eval": set(), "save": set()}
+        self.kill_async: set[int] = set()
+        self.usr1: dict[str, set[int]] = {"step": set(), "eval": set(), "save": set(),
+                                          "asyncsave": set()}
+        self.current_step = 0   # the optimizer step the loop is running (install_step_faults)
         for entry in filter(None, (e.strip() for e in spec.split(","))):
             parts = entry.split("@")
             if len(parts) == 3:
@@ -56,6 +67,8 @@ class Faults:
                 if phase not in ("state", "manifest", "pointer"):
                     raise ValueError(f"{ENV}: bad save phase in '{entry}'")
                 self.kill_save[int(step)] = phase
+            elif what == "kill" and where.startswith("asyncsave:"):
+                self.kill_async.add(int(where[10:]))
             elif what == "fail" and where.startswith("save:"):
                 self.fail_save.add(int(where[5:]))
             elif what == "usr1" and where.partition(":")[0] in self.usr1:
@@ -88,6 +101,15 @@ class Faults:
             os.kill(os.getpid(), signal.SIGUSR1)
 
     def in_save(self, step: int, phase: str, directory: str) -> None:
+        if phase == "model":   # a background write, between its model and optimizer files
+            if step in self.kill_async:
+                self.wait_for_step(step + 2)
+                _kill()
+            if step in self.usr1["asyncsave"]:
+                self.usr1["asyncsave"].discard(step)
+                os.kill(os.getpid(), signal.SIGUSR1)
+                time.sleep(3)
+            return
         if self.kill_save.get(step) == phase:
             _kill()
         if phase == "state":
@@ -96,6 +118,13 @@ class Faults:
             with open(os.path.join(directory, "partial.bin"), "wb") as fh:
                 fh.write(b"\0" * 1024)
             raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC), directory)
+
+
+    def wait_for_step(self, step: int, timeout: float = 120) -> None:
+        """Until the loop runs optimizer step `step` (from another thread than the loop's)."""
+        t0 = time.monotonic()
+        while self.current_step < step and time.monotonic() - t0 < timeout:
+            time.sleep(0.01)
 
 
 def _kill() -> None:
@@ -138,7 +167,7 @@ def install_step_faults(faults: "Faults") -> None:
     lm_loss = loop.lm_loss
 
     def step_starts(trainer, *_):
-        current["step"] = trainer.st.step + 1
+        current["step"] = faults.current_step = trainer.st.step + 1
         current["nan"] = faults.nan_loss(current["step"])
 
     def nan_loss(*args, **kwargs):
@@ -153,9 +182,9 @@ def install_step_faults(faults: "Faults") -> None:
 
 
 def install_save_faults(faults, setattr_=setattr) -> None:
-    """kill@save, fail@save: `faults.in_save(step, phase, where)` after each phase of the
-    checkpoint writer: the state files written (no manifest), the manifest written (before the
-    rename), renamed into place (before `latest` is updated). `setattr_`: pytest's
+    """kill@save, fail@save, *@asyncsave: `faults.in_save(step, phase, where)` after each phase
+    of the checkpoint writer: the state files written (no manifest), the manifest written
+    (before the rename), renamed into place (before `latest` is updated). `setattr_`: pytest's
     monkeypatch.setattr for a test in this process."""
     from fp8train.checkpoint import CheckpointManager as M
     _wrap(M, "_write_state", setattr_, after=lambda self, acc, tmp, state, *_:
@@ -164,3 +193,9 @@ def install_save_faults(faults, setattr_=setattr) -> None:
           faults.in_save(step, "manifest", tmp))
     _wrap(M, "_move_into_place", setattr_, after=lambda self, tmp, final, step, *_:
           faults.in_save(step, "pointer", final))
+    # A background save (checkpoint_async): its writer thread writes the model file, then the
+    # optimizer's; `state` (every file written, no manifest) comes after the second.
+    _wrap(M, "_write_model_copy", setattr_, after=lambda self, tmp, step, *_:
+          faults.in_save(step, "model", tmp))
+    _wrap(M, "_write_optimizer_copy", setattr_, after=lambda self, tmp, step, *_:
+          faults.in_save(step, "state", tmp))

@@ -1,6 +1,8 @@
 """Micro-batch discovery: the search against an injected memory model that raises a genuine
-torch.OutOfMemoryError, the plan over many (target, world, fitted), and real probing through
-train_fp8.py on CPU (measured bytes against a budget), its cache, and two ranks that disagree."""
+torch.OutOfMemoryError, the plan over many (target, world, fitted), the choice of the fastest
+micro-batch against injected timings, and real probing and timing through train_fp8.py on CPU
+(measured bytes against a budget, measured tokens/s), their cache, and two ranks that
+disagree."""
 import json
 import math
 import os
@@ -13,7 +15,9 @@ import yaml
 
 from conftest import DATA_DIR, ROOT, run_train
 from fp8train import autobatch
-from fp8train.autobatch import Probe, plan_from_fit, search_max_batch
+from fp8train.autobatch import (Probe, StepTimes, Timing, combine_timings, fastest,
+                                plan_from_fit, search_max_batch, speed_candidates,
+                                step_tokens_per_sec, time_candidates)
 from fp8train.config import Config, ConfigError, load_config
 from fp8train.schedule import scaled_lr
 
@@ -171,6 +175,7 @@ def test_lr_scaling_rules():
 # --- real probing through train_fp8.py --------------------------------------------------------
 
 AUTO = ["--config", "configs/test_auto_batch.yaml"]
+LARGEST = [*AUTO, "--batch_timing_budget_s=0"]   # the largest fit, untimed
 
 
 def probe_file(out):
@@ -178,7 +183,11 @@ def probe_file(out):
         return list(json.load(fh).values())
 
 
-def test_cpu_probe_plans_within_the_budget_and_caches_it(tmp_path):
+def test_cpu_probe_plans_within_the_budget_times_the_candidates_and_caches_it(tmp_path):
+    """The demo-sized model on CPU: the probe measures real steps against a 0.1 GB budget; the
+    micro-batches up to the fit that divide 64 are then timed on real steps, the table is
+    printed with --plan-only, cached beside the fit and written into config.yaml, and the run
+    trains at the micro-batch the rule picks from the measured table."""
     out = tmp_path / "run"
     r = run_train(*AUTO, "--output_dir", out, "--plan-only")
     assert r.returncode == 0, r.stderr[-2000:]
@@ -193,27 +202,47 @@ def test_cpu_probe_plans_within_the_budget_and_caches_it(tmp_path):
     assert all(t["fits"] == (t["peak_gb"] <= budget) for t in trials)
     assert [t["peak_gb"] for t in trials] == sorted(t["peak_gb"] for t in trials)
     assert 4 <= fitted < 64 and any(t["micro"] == fitted + 1 and not t["fits"] for t in trials)
-    micro = max(d for d in range(1, fitted + 1) if 64 % d == 0)
+
+    # The timing: largest first, real tokens/s and memory, the choice by the rule.
+    speed = entry["speed"]
+    candidates = [d for d in range(fitted, 0, -1) if 64 % d == 0]
+    assert speed["candidates"] == candidates and speed["per_rank"] == 64
+    table = speed["timings"]
+    assert len(table) >= 2 and [t["micro"] for t in table] == candidates[:len(table)]
+    assert all(t["tokens_per_sec"] > 100 and 0 < t["peak_gb"] <= budget for t in table)
+    assert [t["peak_gb"] for t in table] == sorted((t["peak_gb"] for t in table), reverse=True)
+    micro = fastest([Timing(t["micro"], t["tokens_per_sec"], None) for t in table], 0.03)
+    assert "batch timing: micro-batches " + ", ".join(map(str, candidates)) in r.stdout
+    assert sum("tokens/s" in x and x.startswith("  micro") for x in r.stdout.splitlines()) == \
+        len(table)
+    assert f"micro {micro:>4} × accum" in r.stdout and "<- fastest" in r.stdout
     assert line.startswith(f"batch plan: micro {micro} × accum {64 // micro} × 1 device = 64 "
                            f"sequences (8,192 tokens) per step; fitted micro {fitted} of max 64 "
                            "(probe ")
+    assert line.endswith(f"micro {micro} the fastest of {len(table)} timed" + (
+        "" if micro == candidates[0] else f" (the largest, {candidates[0]}, is slower)"))
     assert "plan only" in r.stdout and not (out / "checkpoints").exists()
 
-    # The second run trains with the cached plan, without probing.
+    # The second run trains with the cached plan and table, without probing or timing.
     r2 = run_train(*AUTO, "--output_dir", out, "--max_steps=4", "--warmup_steps=1")
     assert r2.returncode == 0, r2.stderr[-2000:]
-    assert "probing" not in r2.stdout
+    assert "probing" not in r2.stdout and "batch timing: micro-batches" not in r2.stdout
+    assert "batch timing (cached)" in r2.stdout
     assert f"fitted micro {fitted} of max 64 (cached in {out / 'batch_probe.json'})" in r2.stdout
     derived = yaml.safe_load(open(out / "config.yaml"))["derived"]
     assert (derived["micro_batch_size"], derived["gradient_accumulation_steps"]) == \
         (micro, 64 // micro)
-    assert derived["effective_batch_size"] == 64
+    assert derived["effective_batch_size"] == 64 and derived["batch_timings"] == table
 
-    # Any key that changes memory use misses the cache; --reprobe ignores it.
-    r3 = run_train(*AUTO, "--output_dir", out, "--plan-only", "--seq_len=64")
+    # Any key that changes memory use misses the cache; --reprobe ignores it. Untimed
+    # (batch_timing_budget_s 0), the plan is the largest micro-batch that divides the target.
+    r3 = run_train(*LARGEST, "--output_dir", out, "--plan-only", "--seq_len=64")
     assert "probing" in r3.stdout and len(probe_file(out)) == 2
-    r4 = run_train(*AUTO, "--output_dir", out, "--plan-only", "--reprobe")
+    assert "batch timing" not in r3.stdout
+    r4 = run_train(*LARGEST, "--output_dir", out, "--plan-only", "--reprobe")
     assert "probing" in r4.stdout and len(probe_file(out)) == 2
+    largest = max(d for d in range(1, fitted + 1) if 64 % d == 0)
+    assert f"batch plan: micro {largest} × accum {64 // largest} × 1 device" in r4.stdout
 
 
 def test_a_model_that_does_not_fit_at_all_exits_2(tmp_path):
@@ -247,8 +276,16 @@ def test_two_ranks_that_fit_different_sizes_agree_on_the_smaller(tmp_path):
     derived = yaml.safe_load(open(two / "config.yaml"))["derived"]
     micro, accum = derived["micro_batch_size"], derived["gradient_accumulation_steps"]
     assert micro * accum * 2 == 128
-    assert micro == max(d for d in range(1, small_fit + 1) if 64 % d == 0)
     assert f"fitted micro {small_fit} of max 64" in r.stdout
+    # Both ranks timed the micro-batches up to the agreed fit that divide their 64 sequences,
+    # and trained at the one the table says is fastest.
+    table = derived["batch_timings"]
+    timed = [t["micro"] for t in table]
+    assert len(timed) >= 2 and timed == sorted(timed, reverse=True)
+    assert timed[0] == max(d for d in range(1, small_fit + 1) if 64 % d == 0)
+    assert all(t["accum"] * t["micro"] == 64 and t["tokens_per_sec"] > 0 for t in table)
+    assert micro == fastest([Timing(t["micro"], t["tokens_per_sec"], None) for t in table],
+                            0.03)
 
 
 def test_a_rank_whose_probe_fails_stops_every_rank(tmp_path):
@@ -296,3 +333,156 @@ def test_activation_checkpointing_is_turned_on_only_when_nothing_fits_without_it
                   "--plan-only")
     assert r.returncode == 0 and "activation_checkpointing turned on" not in r.stdout
     assert "does not fit" not in r.stderr
+
+
+# --- the fastest micro-batch: the rule, against injected timings ------------------------------
+
+def timings(**tps):
+    """Timing rows from micro=tokens/s keywords: timings(m16=100, m8=90)."""
+    return [Timing(int(k[1:]), v, None) for k, v in tps.items()]
+
+
+def test_candidates_are_the_divisors_of_the_rank_share_up_to_the_fit():
+    assert speed_candidates(64, 17, 64) == [16, 8, 4, 2, 1]
+    assert speed_candidates(96, 64, 32) == [32, 24, 16, 12, 8, 6, 4, 3, 2, 1]   # max_batch_size
+    assert speed_candidates(6, 100, 128) == [6, 3, 2, 1]                         # the share
+    assert speed_candidates(7, 5, 128) == [1]                                    # nothing to time
+
+
+def test_tokens_per_second_counts_the_whole_optimizer_step():
+    """64 sequences of 128 tokens at micro 16: 4 micro-steps of 0.1 s and one optimizer step of
+    0.2 s, 8192 tokens in 0.6 s; at micro 8 the optimizer step is spread over 8 micro-steps."""
+    assert step_tokens_per_sec(StepTimes(0, 0.1, 0.2), 16, 64, 128) == pytest.approx(8192 / 0.6)
+    assert step_tokens_per_sec(StepTimes(0, 0.05, 0.2), 8, 64, 128) == pytest.approx(8192 / 0.6)
+
+
+@pytest.mark.parametrize("table,tolerance,chosen", [
+    (timings(m16=100, m8=90, m4=60), 0.03, 16),      # the largest is the fastest
+    (timings(m16=100, m8=102, m4=80), 0.03, 16),     # 2% faster: noise, the larger is kept
+    (timings(m16=100, m8=104, m4=80), 0.03, 8),      # 4% faster: taken
+    (timings(m16=100, m8=104, m4=80), 0.05, 16),     # ... unless the tolerance is wider
+    (timings(m16=100, m8=110, m4=112), 0.03, 8),     # 4 is within noise of 8: the larger
+    (timings(m16=100, m8=110, m4=120), 0.03, 4),     # each step down clearly faster
+    (timings(m16=100, m8=99, m4=108), 0.03, 4),      # a dip, then clearly faster than 16
+    (timings(m4=50, m16=100, m8=120), 0.0, 8),       # any order in, the rule by size
+])
+def test_the_fastest_micro_batch_is_chosen_the_larger_on_ties(table, tolerance, chosen):
+    assert fastest(table, tolerance) == chosen
+
+
+class FakeClock:
+    def __init__(self):
+        self.now = 0.0
+
+    def __call__(self):
+        return self.now
+
+
+def measuring(clock, tps, cost=1.0, oom=()):
+    """measure(micro) over a table of tokens/s, each call taking `cost` fake seconds."""
+    calls = []
+
+    def measure(micro):
+        calls.append(micro)
+        clock.now += cost
+        return None if micro in oom else Timing(micro, tps[micro], micro * 1000)
+    return measure, calls
+
+
+def test_timing_stops_where_throughput_clearly_falls():
+    clock = FakeClock()
+    measure, calls = measuring(clock, {16: 100, 8: 95, 4: 84, 2: 50, 1: 30})
+    got, why = time_candidates(measure, [16, 8, 4, 2, 1], 1000, clock)
+    assert calls == [16, 8, 4] and [t.micro for t in got] == [16, 8, 4]
+    assert "micro 4 was 16% slower than the best" in why
+
+
+def test_timing_goes_on_while_smaller_is_faster_and_times_everything():
+    clock = FakeClock()
+    measure, calls = measuring(clock, {16: 100, 8: 120, 4: 130, 2: 125, 1: 112})
+    got, why = time_candidates(measure, [16, 8, 4, 2, 1], 1000, clock)
+    assert calls == [16, 8, 4, 2, 1] and why == ""
+    assert fastest(got, 0.03) == 4
+
+
+def test_timing_stays_within_its_budget():
+    """Each candidate costs 10 s: with 25 s the second starts at 10 s (10 + 10 <= 25), the third
+    would end at 30 s and is not started; the largest is always timed, even over the budget."""
+    clock = FakeClock()
+    measure, calls = measuring(clock, {16: 100, 8: 99, 4: 98, 2: 97, 1: 96}, cost=10)
+    got, why = time_candidates(measure, [16, 8, 4, 2, 1], 25, clock)
+    assert calls == [16, 8] and "25 s timing budget (batch_timing_budget_s) was spent" in why
+    clock = FakeClock()
+    measure, calls = measuring(clock, {16: 100, 8: 99}, cost=60)
+    assert [t.micro for t in time_candidates(measure, [16, 8], 30, clock)[0]] == [16]
+
+
+def test_a_candidate_out_of_memory_while_timed_is_left_out():
+    clock = FakeClock()
+    measure, calls = measuring(clock, {16: 0, 8: 90, 4: 80}, oom={16})
+    got, _ = time_candidates(measure, [16, 8, 4], 1000, clock)
+    assert calls == [16, 8, 4] and [t.micro for t in got] == [8, 4]
+
+
+def test_ranks_agree_on_the_slowest_rank_and_the_micro_batches_all_timed():
+    rank0 = [(16, 100.0, 5), (8, 110.0, 3), (4, 90.0, 2)]
+    rank1 = [(16, 95.0, 6), (8, 80.0, 3)]            # its search stopped earlier
+    agreed = combine_timings([rank0, rank1])
+    assert agreed == [Timing(16, 95.0, 6), Timing(8, 80.0, 3)]
+    assert fastest(agreed, 0.03) == 16                 # rank 0 alone would have taken 8
+    assert fastest(combine_timings([rank0]), 0.03) == 8
+
+
+def fake_trial(step_times, calls):
+    """A make_trial stand-in: StepTimes per micro-batch (injected timings, no model)."""
+    def trial(micro):
+        return step_times[micro].peak
+
+    def timed(micro, steps):
+        calls.append(micro)
+        return step_times[micro]
+    trial.timed = timed
+    return trial
+
+
+def test_choose_speed_times_once_then_reads_the_cache(tmp_path):
+    """Micro 8 does a step's micro-steps at 0.4 of micro 16's time: clearly faster over the whole
+    step, so it is chosen; the table is cached beside the fit and read on the next start; a
+    different target (other candidates) times again, and budget 0 or one candidate times nothing."""
+    st = {16: StepTimes(16 * 10**6, 1.0, 0.1), 8: StepTimes(8 * 10**6, 0.4, 0.1),
+          4: StepTimes(4 * 10**6, 0.5, 0.1), 2: StepTimes(2 * 10**6, 0.5, 0.1),
+          1: StepTimes(10**6, 0.5, 0.1)}
+    calls, said = [], []
+    cfg = Config(target_effective_batch_size=64, max_batch_size=64, output_dir=str(tmp_path))
+    key = {"k": 1}
+    autobatch.write_cache(autobatch.cache_path(cfg), key, 17, 1.0, [])
+    speed = autobatch.choose_speed(cfg, fake_trial(st, calls), key, 17, torch.device("cpu"), 1,
+                                   True, said.append)
+    assert speed.micro == 8 and not speed.cached and calls[:3] == [16, 8, 4]
+    assert [t.micro for t in speed.timings] == calls
+    assert speed.timings[0].tokens_per_sec == pytest.approx(64 * cfg.seq_len / (4 * 1.0 + 0.1))
+    (entry,) = probe_file(tmp_path)
+    assert entry["fitted_micro_batch"] == 17                     # the fit is kept
+    assert entry["speed"]["per_rank"] == 64 and \
+        [t["micro"] for t in entry["speed"]["timings"]] == calls
+    lines = autobatch.describe_speed(speed, 0.03)
+    assert any("micro    8" in x and x.endswith("<- fastest") for x in lines)
+
+    calls.clear()
+    again = autobatch.choose_speed(cfg, fake_trial(st, calls), key, 17, torch.device("cpu"), 1,
+                                   True, said.append)
+    assert calls == [] and again.cached and again.micro == 8
+    assert [(t.micro, t.peak_bytes) for t in again.timings] == \
+        [(t.micro, t.peak_bytes) for t in speed.timings]
+    assert [t.tokens_per_sec for t in again.timings] == \
+        pytest.approx([t.tokens_per_sec for t in speed.timings], abs=0.1)
+    other = Config(target_effective_batch_size=32, max_batch_size=64, output_dir=str(tmp_path))
+    assert autobatch.choose_speed(other, fake_trial(st, calls), key, 17, torch.device("cpu"), 1,
+                                  True, said.append).micro == 8 and calls
+    calls.clear()
+    off = Config(target_effective_batch_size=64, batch_timing_budget_s=0, output_dir=str(tmp_path))
+    one = Config(target_effective_batch_size=7, output_dir=str(tmp_path))
+    for c, fit in ((off, 17), (one, 5), (cfg, 1)):
+        assert autobatch.choose_speed(c, fake_trial(st, calls), key, fit, torch.device("cpu"), 1,
+                                      True, said.append) is None
+    assert calls == []

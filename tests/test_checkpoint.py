@@ -482,3 +482,264 @@ def test_a_read_error_that_proves_nothing_moves_no_checkpoint_aside(tmp_path, mo
     monkeypatch.undo()
     assert sorted(os.listdir(tmp_path / "checkpoints")) == ["latest", "step_0000001",
                                                             "step_0000002"]
+
+
+# --- background saves (checkpoint_async) ----------------------------------------------------------
+
+def test_host_copy_is_taken_at_once_keeps_tied_tensors_tied_and_reuses_its_buffers():
+    from collections import OrderedDict
+
+    import torch
+    from fp8train.host_copy import HostCopy
+    w = torch.randn(4, 3)
+    flat = torch.arange(6.0)
+    model = OrderedDict(wte=w, head=w.detach(), view=flat[2:5], n=3)   # head tied to wte
+    model._metadata = {"": {"version": 1}}
+    opt = {"state": {0: {"step": torch.tensor(2.0), "exp_avg": torch.ones(2)}},
+           "param_groups": [{"lr": 0.1, "betas": (0.9, 0.95), "params": [0]}]}
+    copier = HostCopy()
+    m, o = copier.copy((model, opt))
+    before = w.clone()
+    w.add_(1.0)                                   # training goes on, in place
+    flat.zero_()
+    opt["state"][0]["exp_avg"].add_(1.0)
+    opt["param_groups"][0]["params"].append(1)
+    assert torch.equal(m["wte"], before) and torch.equal(m["head"], before)
+    assert m["wte"].untyped_storage().data_ptr() == m["head"].untyped_storage().data_ptr()
+    assert m["view"].tolist() == [2.0, 3.0, 4.0] and m["view"].storage_offset() == 2
+    assert isinstance(m, OrderedDict) and m._metadata == model._metadata and m["n"] == 3
+    assert o["state"][0]["exp_avg"].tolist() == [1.0, 1.0]
+    assert o["param_groups"] == [{"lr": 0.1, "betas": (0.9, 0.95), "params": [0]}]
+    # 3 storages copied: w (shared by two entries), flat, and the optimizer's two tensors
+    assert copier.nbytes == 4 * 3 * 4 + 6 * 4 + 4 + 2 * 4
+    again, _ = copier.copy((model, opt))
+    assert again["wte"].untyped_storage().data_ptr() == m["wte"].untyped_storage().data_ptr()
+    assert torch.equal(again["wte"], w)           # the same buffer, the new values
+
+
+def test_a_background_save_writes_what_save_state_writes_as_of_its_step(tmp_path, monkeypatch):
+    """A real Accelerator, a tiny GPT (tied embeddings) and fused AdamW after one step. The
+    background save copies at the step; its writer is held while training goes on (parameters,
+    moments and the RNG all change); released, it writes exactly the files a synchronous save
+    (Accelerate's save_state) wrote at that step, through the same atomic phases."""
+    import json
+    import threading
+    import time
+
+    import torch
+    from accelerate import Accelerator
+    from fp8train.checkpoint import MANIFEST, read_manifest, verify
+    from fp8train.host_copy import HostCopy
+    from fp8train.model import GPT, ModelConfig
+    torch.manual_seed(0)
+    model = GPT(ModelConfig(arch="gpt2", n_layer=1, n_head=2, n_embd=16, ffn_hidden_size=32,
+                            vocab_size=100, block_size=8))
+    opt = torch.optim.AdamW(model.parameters(), lr=0.1, fused=True)
+    model(torch.randint(0, 100, (2, 8))).float().mean().backward()
+    opt.step()
+    acc = Accelerator(cpu=True)
+    model, opt = acc.prepare(model, opt)
+    st = TrainState()
+    st.step, st.tokens = 1, 16
+    sync = CheckpointManager(str(tmp_path / "sync"), keep=3).save(acc, st, "c: 1\n", {})
+    release, original = threading.Event(), CheckpointManager._write_in_background
+
+    def held(self, *args):   # the whole background part waits: nothing of it runs before
+        assert release.wait(60)
+        original(self, *args)
+
+    monkeypatch.setattr(CheckpointManager, "_write_in_background", held)
+    job = CheckpointManager(str(tmp_path / "async"), keep=3).save_in_background(
+        acc, st, "c: 1\n", {"async": True}, HostCopy(), time.perf_counter())
+    torch.rand(3)                                  # the RNG moves on
+    with torch.no_grad():
+        for p in model.parameters():
+            p.add_(1.0)
+    for state in opt.state.values():
+        state["exp_avg"].add_(1.0)
+    assert not job.done() and not os.path.exists(job.path)   # still being written
+    release.set()
+    assert job.wait() is None and job.done() and job.save_s > 0
+    assert job.path == str(tmp_path / "async" / "checkpoints" / "step_0000001")
+    assert verify(job.path)[0] is None
+    names = sorted(os.listdir(sync))
+    assert names == sorted(os.listdir(job.path)) and "optimizer.bin" in names
+    for name in names:
+        if name != MANIFEST:
+            assert (tmp_path / "async" / "checkpoints" / "step_0000001" / name).read_bytes() == \
+                open(os.path.join(sync, name), "rb").read(), name
+    manifest = read_manifest(job.path)
+    assert manifest["async"] is True and manifest["save_s"] > 0
+    assert json.loads(open(os.path.join(sync, MANIFEST)).read())["files"] == manifest["files"]
+    assert (tmp_path / "async" / "checkpoints" / "latest").read_text().strip() == "step_0000001"
+
+
+def test_a_failed_background_write_leaves_nothing_and_is_agreed_at_the_wait(tmp_path,
+                                                                            monkeypatch):
+    import time
+
+    import torch
+    from accelerate import Accelerator
+    from fp8train.host_copy import HostCopy
+    acc = Accelerator(cpu=True)
+    lin = torch.nn.Linear(2, 2)
+    acc.prepare(lin, torch.optim.AdamW(lin.parameters()))
+
+    def full(self, tmp, step, optimizers):
+        raise OSError(28, "No space left on device")
+
+    monkeypatch.setattr(CheckpointManager, "_write_optimizer_copy", full)
+    m = CheckpointManager(str(tmp_path), keep=3)
+    st = TrainState()
+    st.step = 4
+    job = m.save_in_background(acc, st, "", {}, HostCopy(), time.perf_counter())
+    assert job.wait() == "No space left on device"
+    assert os.listdir(m.dir) == [] and m.latest() is None   # the partial write removed
+
+
+# --- the preemption window ------------------------------------------------------------------------
+
+# `scontrol show job 2` of a running job submitted with `sbatch --signal=B:USR1@90 job.sh`, its
+# script holding `#SBATCH --signal=B:USR1@120`, on the Slurm 22.05.8 cluster tests/slurm_cluster.py
+# starts (2026-11-27). No field holds either signal (`scontrol -d` adds none; job 1, submitted
+# without the option, printed the same apart from its id): the window has to come from the script.
+SHOW_JOB_22_05 = (
+    "JobId=2 JobName=sigcheck\n"
+    "   UserId=root(0) GroupId=root(0) MCS_label=N/A\n"
+    "   Priority=4294901758 Nice=0 Account=(null) QOS=(null)\n"
+    "   JobState=RUNNING Reason=None Dependency=(null)\n"
+    "   Requeue=1 Restarts=0 BatchFlag=1 Reboot=0 ExitCode=0:0\n"
+    "   RunTime=00:00:02 TimeLimit=00:05:00 TimeMin=N/A\n"
+    "   SubmitTime=2026-11-27T23:36:13 EligibleTime=2026-11-27T23:36:13\n"
+    "   AccrueTime=2026-11-27T23:36:13\n"
+    "   StartTime=2026-11-27T23:36:14 EndTime=2026-11-27T23:41:14 Deadline=N/A\n"
+    "   SuspendTime=None SecsPreSuspend=0 LastSchedEval=2026-11-27T23:36:14 Scheduler=Backfill\n"
+    "   Partition=debug AllocNode:Sid=localhost:2870\n"
+    "   ReqNodeList=(null) ExcNodeList=(null)\n"
+    "   NodeList=vm\n"
+    "   BatchHost=vm\n"
+    "   NumNodes=1 NumCPUs=1 NumTasks=1 CPUs/Task=1 ReqB:S:C:T=0:0:*:*\n"
+    "   TRES=cpu=1,node=1,billing=1\n"
+    "   Socks/Node=* NtasksPerN:B:S:C=0:0:*:* CoreSpec=*\n"
+    "   MinCPUsNode=1 MinMemoryNode=0 MinTmpDiskNode=0\n"
+    "   Features=(null) DelayBoot=00:00:00\n"
+    "   OverSubscribe=OK Contiguous=0 Licenses=(null) Network=(null)\n"
+    "   Command=/tmp/slurmcap/job.sh\n"
+    "   WorkDir=/tmp/slurmcap\n"
+    "   StdErr=/dev/null\n"
+    "   StdIn=/dev/null\n"
+    "   StdOut=/dev/null\n"
+    "   Power=\n"
+)
+
+
+def test_signal_specs_and_batch_scripts_parse_as_sbatch_reads_them():
+    from conftest import ROOT
+    from fp8train.stop_window import parse_signal, signal_in_script, signal_in_submit_line
+    assert [parse_signal(s) for s in ("B:USR1@120", "USR1@90", "R:10@300", "SIGTERM@5",
+                                      "RB:USR2@7", "USR1", "B:USR1@", "@120", "")] == \
+        [120, 90, 300, 5, 7, 60, None, None, None]
+    assert signal_in_script((ROOT / "submit_fp8.sh").read_text()) == "B:USR1@120"
+    assert signal_in_script("#!/bin/bash\n#SBATCH --signal=USR1@30\n#SBATCH --signal B:USR2@45"
+                            "  # later wins\n##SBATCH --signal=USR1@999\necho hi\n"
+                            "#SBATCH --signal=USR1@1\n") == "B:USR2@45"   # not after a command
+    assert signal_in_script("#!/bin/bash\necho\n") is None
+    line = "   SubmitLine=sbatch --signal=B:USR1@300 --export=ALL submit_fp8.sh --max_steps=9\n"
+    assert signal_in_submit_line("JobId=5 JobName=x\n" + line) == "B:USR1@300"
+    assert signal_in_submit_line("JobId=5 JobName=x\n   SubmitLine=sbatch x.sh\n") is None
+    assert signal_in_submit_line(SHOW_JOB_22_05) is None and "USR1" not in SHOW_JOB_22_05
+
+
+def test_the_window_is_the_key_else_the_slurm_jobs_signal_and_never_an_error():
+    from conftest import ROOT
+    from fp8train.stop_window import find_window
+    script = (ROOT / "submit_fp8.sh").read_text()
+    show_job = SHOW_JOB_22_05
+    calls = []
+
+    def scontrol(args):
+        calls.append(args)
+        return {("show", "job", "7"): show_job,   # job 7 here: the ids play no part
+                ("write", "batch_script", "7", "-"): script}[tuple(args)]
+
+    assert find_window(90.0, env={"SLURM_JOB_ID": "7"}, run=scontrol) == \
+        (90.0, "checkpoint_window_s") and calls == []
+    assert find_window(None, env={}, run=scontrol)[0] is None and calls == []
+    assert find_window(None, env={"SLURM_JOB_ID": "7"}, run=scontrol) == \
+        (120.0, "#SBATCH --signal=B:USR1@120 in the batch script of job 7")
+    assert find_window(None, env={"SLURM_JOB_ID": "7", "SBATCH_SIGNAL": "USR1@200"},
+                       run=scontrol) == (200.0, "SBATCH_SIGNAL=USR1@200 in the environment of "
+                                                "job 7")
+    newer = show_job + "   SubmitLine=sbatch --signal=B:USR1@600 submit_fp8.sh\n"
+    assert find_window(None, env={"SLURM_JOB_ID": "7", "SBATCH_SIGNAL": "USR1@200"},
+                       run=lambda args: newer if args[0] == "show" else script)[0] == 600.0
+
+    def broken(args):
+        raise FileNotFoundError(2, "No such file or directory: 'scontrol'")
+
+    seconds, why = find_window(None, env={"SLURM_JOB_ID": "7"}, run=broken)
+    assert seconds is None and "No such file or directory" in why
+    seconds, why = find_window(None, env={"SLURM_JOB_ID": "7"},
+                               run=lambda args: "" if args[0] == "show" else "#!/bin/sh\nx\n")
+    assert seconds is None and "no #SBATCH --signal line" in why
+
+
+def _checkpointer(tmp_path, layout="NO", window=(None, "unknown"), resumed=None, **keys):
+    from types import SimpleNamespace
+    from fp8train.checkpointer import Checkpointer
+    said = []
+    log = SimpleNamespace(warn=lambda m: said.append("WARNING: " + m), msg=said.append,
+                          file_only=lambda m: said.append("file: " + m), log=said.append)
+    acc = SimpleNamespace(distributed_type=layout, is_main_process=True)
+    ck = SimpleNamespace(**dict(dict(checkpoint_async=False, checkpoint_window_s=None,
+                                     checkpoint_interval=10, checkpoint_required=False), **keys))
+    return Checkpointer(ck, CheckpointManager(str(tmp_path), 3), acc, log, "", "h",
+                        resumed=resumed, window=lambda configured: window), said
+
+
+def test_checkpoint_async_under_fsdp_says_so_once_and_saves_synchronously(tmp_path):
+    c, said = _checkpointer(tmp_path, layout="FSDP", checkpoint_async=True)
+    assert not c.background and c.copier is None
+    assert [m for m in said if m.startswith("WARNING")] == [
+        "WARNING: checkpoint_async: not available under FSDP (every rank writes its shards "
+        "collectively, through torch.distributed.checkpoint): each checkpoint is written before "
+        "training goes on"]
+    c, said = _checkpointer(tmp_path, checkpoint_async=True)
+    assert c.background and not [m for m in said if m.startswith("WARNING")]
+
+
+def test_a_save_over_half_the_window_is_warned_about_once(tmp_path):
+    import json
+    c, said = _checkpointer(tmp_path, window=(120.0, "#SBATCH --signal=B:USR1@120 in the batch "
+                                                     "script of job 7"))
+    assert said == ["file: preemption window: 120 s (#SBATCH --signal=B:USR1@120 in the batch "
+                    "script of job 7)"]
+    c._check_window(60.0, "checkpoint step 3 took")            # exactly half: fits
+    c._check_window(61.0, "checkpoint step 6 took")
+    c._check_window(90.0, "checkpoint step 9 took")            # said once
+    warned = [m for m in said if m.startswith("WARNING")]
+    assert warned == [
+        "WARNING: checkpoint step 6 took 61.0 s to save, over half of the 120 s a stop signal "
+        "leaves before the kill (#SBATCH --signal=B:USR1@120 in the batch script of job 7): a "
+        "stop may be killed before its checkpoint is complete, and the requeued job then "
+        "resumes from the one before; give the stop more time (sbatch --signal=B:USR1@180) or "
+        "write output_dir to faster storage; checkpoint_async: true with a shorter "
+        "checkpoint_interval makes a stop that runs out of time lose less"]
+    # at start, for the checkpoint a run resumes from (its manifest's save_s)
+    ckpt = tmp_path / "ckpt"
+    ckpt.mkdir()
+    (ckpt / "manifest.json").write_text(json.dumps({"format": 2, "save_s": 75.5}))
+    c, said = _checkpointer(tmp_path, window=(120.0, "checkpoint_window_s"), resumed=str(ckpt),
+                            checkpoint_async=True)
+    warned = [m for m in said if m.startswith("WARNING")]
+    assert len(warned) == 1 and warned[0].startswith(
+        f"WARNING: the checkpoint this run resumed from ('{ckpt}') took 75.5 s to save, over "
+        "half of the 120 s") and warned[0].endswith("(a stop also waits for a background write "
+                                                     "in flight: it can take two saves)")
+    c._check_window(100.0, "checkpoint step 3 took")
+    assert len([m for m in said if m.startswith("WARNING")]) == 1
+    # no window known: nothing is compared
+    c, said = _checkpointer(tmp_path, resumed=str(ckpt))
+    c._check_window(1e6, "checkpoint step 3 took")
+    assert said == ["file: preemption window unknown (unknown): checkpoint saves are timed, not "
+                    "compared with it"]

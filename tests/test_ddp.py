@@ -32,13 +32,14 @@ EFFECTIVE = MICRO * ACCUM * WORLD
 @pytest.fixture(scope="module")
 def ddp_run(tmp_path_factory):
     """One real 2-process run (micro 4 × accum 3 × 2 ranks, 6 steps, dropout on so that the
-    ranks' forward passes differ) and what each rank recorded."""
+    ranks' forward passes differ; the checkpoint of step 3 written in the background) and what
+    each rank recorded."""
     import torch
     tmp = tmp_path_factory.mktemp("ddp")
     out = tmp / "run"
     args = tiny_args(out, batch_size=MICRO, gradient_accumulation_steps=ACCUM, max_steps=STEPS,
                      dropout=0.1, log_interval=3, eval_interval=STEPS,
-                     checkpoint_interval=STEPS, eval_samples=0)
+                     checkpoint_interval=3, checkpoint_async="true", eval_samples=0)
     env = dict(os.environ, FP8TRAIN_DATA_DIR=DATA_DIR, PYTHONUNBUFFERED="1")
     # --standalone: a free port, so that it cannot collide with another torchrun on the machine.
     r = subprocess.run([sys.executable, "-m", "torch.distributed.run", "--standalone",
@@ -48,7 +49,7 @@ def ddp_run(tmp_path_factory):
     assert f"micro {MICRO} × accum {ACCUM} × {WORLD} devices" in r.stdout
     ranks = [torch.load(tmp / f"rank{i}.pt") for i in range(WORLD)]
     assert [x["rc"] for x in ranks] == [0] * WORLD
-    return dict(out=out, args=args, ranks=ranks)
+    return dict(out=out, args=args, ranks=ranks, stdout=r.stdout)
 
 
 def test_every_rank_ends_with_the_same_parameters(ddp_run):
@@ -67,6 +68,18 @@ def test_every_rank_ends_with_the_same_parameters(ddp_run):
     # The run trained: the parameters are not the seeded initialisation any more.
     init = ddp_run["ranks"][0]["init_params"]
     assert any(not torch.equal(init[k], p0[k]) for k in p0)
+
+
+def test_a_background_checkpoint_holds_every_ranks_rng_and_is_agreed_by_both(ddp_run):
+    """checkpoint_async under DDP: each rank writes its RNG states at the step, rank 0's thread
+    the rest; its outcome is agreed at the next save (a collective on both ranks), which saves
+    the last step synchronously."""
+    from fp8train.checkpoint import read_manifest, verify
+    ckpt = ddp_run["out"] / "checkpoints" / "step_0000003"
+    assert verify(str(ckpt))[0] is None and read_manifest(str(ckpt))["async"] is True
+    assert {"random_states_0.pkl", "random_states_1.pkl"} <= set(os.listdir(ckpt))
+    assert "checkpoint step 3 saved in the background (" in ddp_run["stdout"]
+    assert f"checkpoint step {STEPS} saved (" in ddp_run["stdout"]
 
 
 def test_ddp_keeps_gradients_in_its_buckets_and_does_not_rebroadcast_buffers(ddp_run):

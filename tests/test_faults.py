@@ -145,6 +145,55 @@ def test_kill_9_ten_times_ends_bit_exact(tmp_path, reference):
     assert_same_state(final_state(out), final_state(reference))
 
 
+# Background checkpoint writes (checkpoint_async), with a window far above any save of this run.
+ASYNC_ARGS = dict(KILL_ARGS, checkpoint_async="true", checkpoint_window_s=3600)
+
+
+def sha256(path):
+    import hashlib
+    return hashlib.sha256(path.read_bytes()).hexdigest()
+
+
+def test_async_save_killed_mid_write_keeps_the_previous_one_and_resumes_bit_exact(tmp_path,
+                                                                                  reference):
+    """checkpoint_async on the kill test's run. kill -9 lands in the background write of step
+    6 (its model file written, the optimizer's not), once training has gone on to step 8: the
+    previous checkpoint (step 3, itself written in the background) is intact and `latest`. The
+    resume continues from it, saving in the background, and ends bit-identical to the
+    uninterrupted synchronous run, every loss included; its background-written checkpoint of
+    step 33 is that run's file for file. Every save logs its duration, the time training waited
+    and its size on disk; none comes near the window, so nothing is warned about."""
+    from fp8train.checkpoint import directory_bytes, read_manifest, verify
+    out = tmp_path / "run"
+    ckpts = out / "checkpoints"
+    args = tiny_args(out, **ASYNC_ARGS)
+    r = Run(args, faults="kill@asyncsave:6")
+    assert r.finish() == -signal.SIGKILL, r.stderr[-3000:]
+    assert sorted(os.listdir(ckpts)) == [".tmp-step_0000006", "latest", "step_0000003"]
+    assert (ckpts / "latest").read_text().strip() == "step_0000003"
+    assert verify(str(ckpts / "step_0000003"))[0] is None
+    assert read_manifest(str(ckpts / "step_0000003"))["async"] is True
+    assert max(step for step, _ in losses(out)) >= 7   # trained on while step 6 was written
+    r = Run(args)
+    assert r.finish() == 0, r.stderr[-3000:]
+    assert f"resumed from {ckpts / 'step_0000003'} at step 3" in r.stdout
+    assert "checkpoint step 33 saved in the background (" in r.stdout
+    assert "stop signal leaves" not in r.stderr and "Traceback" not in r.stderr
+    assert losses(out) == losses(reference)
+    assert_same_state(final_state(out), final_state(reference))
+    ours, theirs = ckpts / "step_0000033", reference / "checkpoints" / "step_0000033"
+    assert read_manifest(str(ours))["async"] is True and "async" not in read_manifest(str(theirs))
+    for name in ("model.safetensors", "optimizer.bin", "random_states_0.pkl"):
+        assert sha256(ours / name) == sha256(theirs / name), name
+    saves = {row["step"]: row for row in rows(out) if "checkpoint/save_s" in row}
+    assert sorted(saves) == list(range(3, STEPS + 1, 3))
+    for step in (33, 36):
+        on_disk = directory_bytes(str(ckpts / f"step_{step:07d}"))
+        assert saves[step]["checkpoint/size_gb"] == pytest.approx(on_disk / 1e9, rel=1e-9)
+    assert all(x["checkpoint/save_s"] > 0 and x["checkpoint/blocked_s"] > 0
+               for x in saves.values())
+
+
 def test_a_corrupt_newest_checkpoint_is_reported_and_the_previous_one_used(tmp_path, reference):
     out = tmp_path / "run"
     shutil.copytree(reference, out)
@@ -358,6 +407,23 @@ def test_a_write_failing_on_one_rank_is_agreed_by_both(tmp_path):
     assert r.stderr.count("WARNING: checkpoint of step 3 could not be written") == 1
     assert "rank 1: No space left on device" in r.stderr
     assert sorted(os.listdir(out / "checkpoints")) == ["latest", "step_0000006"]
+
+
+def test_a_failed_background_write_is_reported_at_the_next_save_and_training_goes_on(tmp_path):
+    """checkpoint_async: the write of step 3 fails in its thread (injected ENOSPC once its files
+    are written); the next save, which waits for it first, warns once, naming the error and the
+    intact state; no partial checkpoint is left, and the run's count of checkpoints is right."""
+    out = tmp_path / "run"
+    r = Run(tiny_args(out, **dict(WRITE_ARGS, max_steps=6, checkpoint_async="true")),
+            faults="fail@save:3")
+    assert r.finish() == 0, r.stderr[-3000:]
+    warned = [line for line in r.stderr.splitlines() if line.startswith("WARNING: checkpoint")]
+    assert len(warned) == 1 and warned[0].startswith(
+        "WARNING: checkpoint of step 3 could not be written") and \
+        "No space left on device" in warned[0] and "there is no earlier checkpoint; training " \
+        "goes on" in warned[0], r.stderr
+    assert sorted(os.listdir(out / "checkpoints")) == ["latest", "step_0000006"]
+    assert json.loads((out / "summary.json").read_text())["checkpoints_written"] == 1
 
 
 # --- config changes on resume -------------------------------------------------------------------

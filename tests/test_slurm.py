@@ -159,6 +159,10 @@ def test_job_trains_to_the_end_and_writes_its_logs(cluster, tmp_path):
         ["step_0000006", "step_0000012"]
     assert (run / "checkpoints" / "latest").read_text().strip().endswith("step_0000012")
     assert not (ROOT / "logs" / f"fp8_train_{job}.out").exists()   # nothing left in the repo
+    # The stop window, found by the trainer in the job's own batch script (the script's
+    # --signal=B:USR1@120), through scontrol: Slurm 22.05 reports it nowhere else.
+    assert f"preemption window: 120 s (#SBATCH --signal=B:USR1@120 in the batch script of job " \
+           f"{job})" in (run / "train.log").read_text(), why
     print(f"normal job: {time.time() - t0:.1f} s")
 
 

@@ -202,6 +202,40 @@ def test_a_signal_during_a_checkpoint_write_stops_right_after_it(tmp_path):
     assert not (out / "checkpoints" / "step_0000006").exists()
 
 
+def test_a_stop_during_a_background_write_waits_for_it_then_saves_the_stop(tmp_path,
+                                                                           straight):
+    """checkpoint_async: SIGUSR1 comes while the checkpoint of step 5 is written in the
+    background (sent by its writer, which then takes 3 s more). The run finishes its step, waits
+    for that write (it ends complete and valid), saves the stop's step synchronously after it
+    and exits 3; the resumed run logs exactly what the uninterrupted one logs. A window of 1 ms
+    makes every save too long for it: said once by each process, the first time at start-up
+    for the checkpoint it resumed."""
+    from fp8train.checkpoint import read_manifest, verify
+    out = tmp_path / "run"
+    keys = dict(checkpoint_interval=5, checkpoint_async="true", checkpoint_window_s=0.001)
+    r = faulty(out, "usr1@asyncsave:5", **keys)
+    assert r.returncode == 3, r.stderr[-3000:]
+    step = int(latest(out).split("_")[1])
+    assert 5 < step < 12
+    waited = "waiting for the checkpoint of step 5, which is being written in the background"
+    assert r.stdout.index(waited) < r.stdout.index("checkpoint step 5 saved in the background") \
+        < r.stdout.index(f"checkpoint step {step} saved (")
+    assert f"stopped early: SIGUSR1 received; resume with --resume (exit 3) at step {step}" \
+        in r.stdout
+    for s, background in ((5, True), (step, False)):
+        path = str(out / "checkpoints" / f"step_{s:07d}")
+        assert verify(path)[0] is None and read_manifest(path).get("async", False) is background
+    warned = [line for line in r.stderr.splitlines() if "a stop signal leaves" in line]
+    assert len(warned) == 1 and "checkpoint step 5 took" in warned[0], r.stderr
+    assert "checkpoint_window_s" in warned[0]
+    r = run_train(*tiny_args(out, **dict(ROWS, **keys)), "--resume")
+    assert r.returncode == 0, r.stderr[-3000:]
+    warned = [line for line in r.stderr.splitlines() if "a stop signal leaves" in line]
+    assert len(warned) == 1 and "the checkpoint this run resumed from" in warned[0], r.stderr
+    assert logged(out, "train/loss") == logged(straight[0], "train/loss")
+    assert logged(out, "val/loss") == logged(straight[0], "val/loss")
+
+
 class _SilentProxy:
     """An HTTP proxy that accepts connections and never answers: a download hangs in start-up
     for as long as the test wants."""

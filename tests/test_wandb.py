@@ -138,6 +138,9 @@ def test_offline_run_holds_every_metric_the_config_and_resumes_the_same_run(tmp_
         assert train[-1][key] == pytest.approx([x for x in rows if "train/loss" in x][-1][key])
     val = [h for h in history if "val/loss" in h]
     assert [h["step"] for h in val] == [6] and val[0]["val/ppl"] > 1
+    saves = [h for h in history if "checkpoint/save_s" in h]
+    assert [h["step"] for h in saves] == [x["step"] for x in rows if "checkpoint/save_s" in x] \
+        == [6] and saves[0]["checkpoint/size_gb"] > 0
     tables = [h for h in history if "samples/text/_type" in h]
     assert tables and tables[0]["samples/text/_type"] == "table-file" and \
         tables[0]["samples/text/nrows"] == 2

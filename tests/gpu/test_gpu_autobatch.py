@@ -1,6 +1,6 @@
 """Micro-batch discovery on a real GPU (skipped without CUDA): the probe finds a micro-batch
-within the device budget, 50 real steps with that plan do not run out of memory and stay under
-the budget, and the run's peak-memory statistics describe the run, not the probe's trials; a run
+within the device budget, the micro-batches up to it are timed and the fastest taken, 50 real
+steps with that plan do not run out of memory and stay under the budget, and the run's peak-memory statistics describe the run, not the probe's trials; a run
 at exactly the fitted micro-batch stays within the budget too.
 
 Units: batch_probe.json records each trial's peak as `peak_gb` (torch.cuda.max_memory_reserved
@@ -43,6 +43,16 @@ def test_probe_then_train_within_the_budget(tmp_path, model):
     derived = yaml.safe_load(open(out / "config.yaml"))["derived"]
     assert derived["micro_batch_size"] * derived["gradient_accumulation_steps"] == 256
     assert derived["micro_batch_size"] <= entry["fitted_micro_batch"]
+    # The micro-batches up to the fit that divide 256 were timed with CUDA synchronised, and
+    # the run trains at the one the rule picks (a smaller one only when over 3% faster).
+    table = derived.get("batch_timings")
+    if table:   # one candidate (a fit of 1) times nothing
+        from fp8train.autobatch import Timing, fastest
+        assert table == entry["speed"]["timings"]
+        assert all(t["micro"] * t["accum"] == 256 and t["tokens_per_sec"] > 0 and
+                   0 < t["peak_gb"] <= _budget_gb() for t in table), table
+        assert derived["micro_batch_size"] == fastest(
+            [Timing(t["micro"], t["tokens_per_sec"], None) for t in table], 0.03)
     trials = entry["trials"]
     assert trials and trials[0]["micro"] == 1
     assert any(t["fits"] for t in trials), trials
@@ -75,7 +85,7 @@ def test_training_at_the_fitted_micro_batch_stays_within_the_budget(tmp_path):
     run = tmp_path / "run"
     assert fit < 1024, f"everything up to the ceiling fitted ({entry}): no edge to test"
     r = run_train(*_probe_args(run, "gpt2-124m", target=fit, steps=20, max_batch=1024),
-                  f"--batch_cache_dir={out}")
+                  f"--batch_cache_dir={out}", "--batch_timing_budget_s=0")   # the fit, untimed
     assert r.returncode == 0, r.stderr[-3000:]
     derived = yaml.safe_load(open(run / "config.yaml"))["derived"]
     assert (derived["micro_batch_size"], derived["gradient_accumulation_steps"]) == (fit, 1)
