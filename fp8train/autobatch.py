@@ -141,9 +141,11 @@ def make_trial(build_model: Callable[[], torch.nn.Module], build_precision, buil
             return _step(prec, micro, timed_steps)
         finally:
             prec.reset_trials()
-            if cfg.compile and uses_cuda_graphs(cfg.compile_mode):
+            if cfg.compile and (timed_steps or uses_cuda_graphs(cfg.compile_mode)):
                 # CUDA graph pools hold this trial's memory until dynamo forgets them: the next
-                # trial must start from an empty device.
+                # trial must start from an empty device. A timed trial is forgotten too, so that
+                # the next micro-batch compiles with static shapes, as the run will (dynamo
+                # would mark the batch dimension dynamic on its second size).
                 torch.compiler.reset()
 
     def _step(prec, micro: int, timed_steps: int) -> StepTimes:
@@ -185,8 +187,11 @@ def make_trial(build_model: Callable[[], torch.nn.Module], build_precision, buil
                 counter.bytes
         if not timed_steps:
             return StepTimes(peak)
-        # The step above was the warm-up (first calls, compilation, allocator growth); these
-        # run without the counting hooks, as the run's steps do.
+        # The step above was the warm-up (first calls, compilation, allocator growth); one more
+        # untimed micro-step is where CUDA graph trees record (reduce-overhead, max-autotune).
+        # These run without the counting hooks, as the run's steps do.
+        micro_step()
+        sync()
         t0 = time.perf_counter()
         for _ in range(timed_steps):
             micro_step()
@@ -289,10 +294,9 @@ def discover(cfg: Config, trial: Callable[[int], int], key: dict, device: torch.
     """Cached or probed fitted micro-batch, agreed over ranks."""
     path = cache_path(cfg, run_dir)
     hit = None if cfg.reprobe else read_cache(path, key)
-    micro, seconds, error, not_fitting, probe = None, 0.0, None, None, None
-    if hit is not None:
-        micro = int(hit["fitted_micro_batch"])
-    else:
+    micro, seconds, error, not_fitting, probe = cached_fit(hit), 0.0, None, None, None
+    if micro is None:   # no entry, or one without a usable fit (edited, or half written)
+        hit = None
         t0 = time.perf_counter()
         try:  # everything a rank can fail on stays inside: the others wait in agree()
             budget = device_budget(cfg, device, rank)
@@ -314,8 +318,25 @@ def discover(cfg: Config, trial: Callable[[int], int], key: dict, device: torch.
                            "seq_len, activation_checkpointing, or a larger memory budget")
     fit = agree(micro, seconds, hit is not None, error, not_fitting, world)
     if is_main and probe is not None:
-        write_cache(path, key, fit.micro, fit.seconds, probe.trials)
+        write_quietly(lambda: write_cache(path, key, fit.micro, fit.seconds, probe.trials),
+                      path, info)
     return fit
+
+
+def cached_fit(entry: Optional[dict]) -> Optional[int]:
+    """The fitted micro-batch a cache entry holds; None when it holds none that can be used."""
+    value = (entry or {}).get("fitted_micro_batch")
+    return value if type(value) is int and value >= 1 else None
+
+
+def write_quietly(write: Callable[[], None], path: str, info: Callable[[str], None]) -> None:
+    """A cache write (rank 0, after the ranks agreed) that cannot fail the run: a cache that
+    cannot be written only means the next run measures again."""
+    try:
+        write()
+    except OSError as e:
+        info(f"batch discovery: could not write the cache '{path}' ({one_line(e)}): the next "
+             "run measures again")
 
 
 def after_trials(cfg: Config, device: torch.device) -> None:
@@ -339,6 +360,7 @@ def after_trials(cfg: Config, device: torch.device) -> None:
 
 TIMED_STEPS = 3     # forward+backward micro-steps timed per candidate, after one warm-up step
 CLEAR_FALL = 0.15   # a candidate this much slower than the best so far ends the search
+BUDGET_KEY = "batch_timing_budget_s"
 
 
 @dataclass(frozen=True)
@@ -393,7 +415,7 @@ def time_candidates(measure: Callable[[int], Optional[Timing]], candidates, budg
     timings, start, last_cost = [], clock(), 0.0
     for micro in candidates:
         if timings and clock() - start + last_cost > budget_s:
-            return timings, f"the {budget_s:g} s timing budget (batch_timing_budget_s) was spent"
+            return timings, f"the {budget_s:g} s timing budget ({BUDGET_KEY}) was spent"
         t0 = clock()
         t = measure(micro)
         last_cost = clock() - t0
@@ -456,16 +478,11 @@ def choose_speed(cfg: Config, trial, key: dict, fitted: int, device: torch.devic
         return None
     path = cache_path(cfg, run_dir)
     entry = read_cache(path, key) or {}
-    hit = entry.get("speed") if not cfg.reprobe else None
-    if not (isinstance(hit, dict) and hit.get("per_rank") == per_rank and
-            hit.get("candidates") == candidates):
-        hit = None
+    hit = None if cfg.reprobe else cached_speed(entry.get("speed"), per_rank, candidates,
+                                                 cfg.batch_timing_budget_s)
     local, stopped, error, seconds = None, "", None, 0.0
     if hit is not None:
-        local = [Timing(int(t["micro"]), float(t["tokens_per_sec"]),
-                        None if t.get("peak_gb") is None else int(t["peak_gb"] * 1e9))
-                 for t in hit["timings"]]
-        stopped = str(hit.get("stopped", ""))
+        local, stopped = hit
     else:
         info(f"batch timing: micro-batches {', '.join(map(str, candidates))} (they divide the "
              f"{per_rank} sequences per rank), largest first, within {cfg.batch_timing_budget_s:g} s")
@@ -486,10 +503,31 @@ def choose_speed(cfg: Config, trial, key: dict, fitted: int, device: torch.devic
                   tuple(candidates), stopped, seconds, hit is not None, per_rank)
     if is_main and hit is None:
         kept = {k: v for k, v in entry.items() if k not in ("key", "date")}
-        write_entry(path, key, dict(kept, speed=dict(
-            per_rank=per_rank, candidates=candidates, stopped=stopped,
-            seconds=round(seconds, 2), timings=speed_table(speed))))
+        table = dict(per_rank=per_rank, candidates=candidates, stopped=stopped,
+                     budget_s=cfg.batch_timing_budget_s, seconds=round(seconds, 2),
+                     timings=speed_table(speed))
+        write_quietly(lambda: write_entry(path, key, dict(kept, fitted_micro_batch=fitted,
+                                                          speed=table)), path, info)
     return speed
+
+
+def cached_speed(speed, per_rank: int, candidates: list, budget_s: float):
+    """(timings, why the search stopped) of a cached table that answers this search: the same
+    per-rank target and candidates, and not cut short by a smaller budget than this one's.
+    None when there is none (a malformed entry included)."""
+    if not (isinstance(speed, dict) and speed.get("per_rank") == per_rank and
+            speed.get("candidates") == candidates):
+        return None
+    stopped = str(speed.get("stopped", ""))
+    if BUDGET_KEY in stopped and speed.get("budget_s") != budget_s:
+        return None   # a different budget may time more (or fewer) micro-batches
+    try:
+        timings = [Timing(int(t["micro"]), float(t["tokens_per_sec"]),
+                          None if t.get("peak_gb") is None else int(t["peak_gb"] * 1e9))
+                   for t in speed["timings"]]
+    except (KeyError, TypeError, ValueError, AttributeError):
+        return None
+    return (timings, stopped) if timings else None
 
 
 def speed_table(speed: Speed) -> list:

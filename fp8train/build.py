@@ -48,6 +48,7 @@ class Net:
     loss: Any                 # the config's loss section
     max_norm: float           # gradient clipping (inf: off)
     distributed: Any          # accelerate's DistributedType (a str enum: "FSDP", "MULTI_GPU", ...)
+    prepared: Any = None      # the model as Accelerate prepared it, before torch.compile
 
     @property
     def inner_optimizer(self):
@@ -180,7 +181,8 @@ def build(cfg: Config, state, log: Logger, requests: StopRequests) -> Optional[R
                   resuming=checkpoint is not None)
     log.attach(tracker)
     checkpointer = Checkpointer(section(cfg, "checkpoint"), manager, acc, log, config_text,
-                                run_hash, resumed=checkpoint)
+                                run_hash, resumed=checkpoint, model=net.prepared,
+                                optimizer=net.optimizer)
     recovery = Recovery(section(cfg, "reliability"), checkpointer, acc, prec, net.health, log)
     parts = Parts(_evaluator(cfg, acc, prec, splits.val, plan.micro, mcfg, log), checkpointer,
                   recovery, Stopper(requests, cfg.max_hours, cfg.log_interval,
@@ -318,11 +320,11 @@ def _net(cfg: Config, mcfg, prec: Precision, acc, batch: BatchDecision, checkpoi
     optimizer = build_optimizer(model, section(cfg, "optimizer"))
     model, optimizer = acc.prepare(model, optimizer)
     prec.after_prepare(acc)
-    model = compiled(model, section(cfg, "model"))
+    prepared, model = model, compiled(model, section(cfg, "model"))
     health = Health(acc.device, cfg.loss_spike_factor)
     max_norm = cfg.grad_clip if cfg.grad_clip > 0 else float("inf")
     net = Net(model, optimizer, prec, health, section(cfg, "loss"), max_norm,
-              acc.distributed_type)
+              acc.distributed_type, prepared)
     return net, n_params, flops_per_token
 
 

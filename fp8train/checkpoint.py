@@ -74,7 +74,11 @@ class BackgroundSave:
             self.save_s = time.perf_counter() - self.started
         # Not a daemon: a process that exits otherwise than by a kill finishes the write first.
         self._thread = threading.Thread(target=run, name=f"checkpoint-step-{self.step}")
-        self._thread.start()
+        try:
+            self._thread.start()
+        except RuntimeError:   # "can't start new thread": written here and now instead
+            self._thread = None
+            run()
 
     def done(self) -> bool:
         """Whether the thread has finished (always true on the ranks without one)."""
@@ -220,16 +224,17 @@ class CheckpointManager:
         if error is not None:
             if main:
                 shutil.rmtree(tmp, ignore_errors=True)
-            raise self._write_error(step, error)
+            raise self.write_error(step, error)
         return final
 
     def save_in_background(self, accelerator, state: TrainState, config_text: str, meta: dict,
-                           copier, started: float) -> "BackgroundSave":
+                           copier, started: float, model, optimizer) -> "BackgroundSave":
         """The same checkpoint as `save`, written by a background thread of rank 0 while
         training goes on. Here, at the step, every rank writes its small files (RNG states,
         through Accelerate's own function, as of this step) into .tmp-step_N/ and rank 0 the
         counters and the config, and copies the model and optimizer states into host memory
-        (`copier`, a HostCopy); the thread then writes those two with Accelerate's own save
+        (`copier`, a HostCopy; `model` and `optimizer`: the run's, as Accelerate prepared them,
+        the only objects it was given); the thread then writes those two with Accelerate's own save
         helper and file names and publishes the checkpoint in the usual phases (manifest,
         rename, `latest`, pruning). Collective, like `save`: CheckpointWriteError on every rank
         when the part done here failed on any. The thread does no collective: its outcome is
@@ -242,18 +247,18 @@ class CheckpointManager:
         copies = {}
         if error is None:
             error = first_error(_attempt(lambda: copies.update(self._write_small_state(
-                accelerator, tmp, state, config_text, copier)), Exception))
+                accelerator, tmp, state, config_text, copier, model, optimizer)), Exception))
         if error is not None:
             if main:
                 shutil.rmtree(tmp, ignore_errors=True)
-            raise self._write_error(step, error)
+            raise self.write_error(step, error)
         job = BackgroundSave(step, final, started)
         if main:
             job.start(lambda: self._write_in_background(tmp, final, step, meta, started,
                                                         copies["models"], copies["optimizers"]))
         return job
 
-    def _write_error(self, step: int, error: str) -> CheckpointWriteError:
+    def write_error(self, step: int, error: str) -> CheckpointWriteError:
         return CheckpointWriteError(f"checkpoint of step {step:,} could not be written to "
                                     f"'{self.dir}' ({error}; {_free_space(self.dir)})")
 
@@ -286,30 +291,28 @@ class CheckpointManager:
             fh.write(config_text)
 
     def _write_small_state(self, accelerator, tmp: str, state: TrainState, config_text: str,
-                           copier) -> dict:
+                           copier, model, optimizer) -> dict:
         """Phase 1, at the step, for a background save: Accelerator.save_state's work split in
         two. Here, what it writes besides the model and optimizer files, with the same function
         (save_accelerator_state given no model and no optimizer: each rank's RNG states as of
-        this step, the GradScaler's, schedulers' and samplers' states, then registered objects),
-        and rank 0's counters and config. Rank 0 returns host copies of what save_state would
+        this step, and the GradScaler's), and rank 0's counters and config. Rank 0 returns host copies of what save_state would
         write as model.safetensors and optimizer.bin (the same state dicts, taken the same way),
         for `_write_in_background`; the other ranks write neither file, as with save_state."""
-        from accelerate.checkpointing import save_accelerator_state, save_custom_state
+        from accelerate.checkpointing import save_accelerator_state
         acc = accelerator
         os.makedirs(tmp, exist_ok=True)   # as save_state makes it
-        weights = [acc.get_state_dict(m, unwrap=False) for m in acc._models]
-        for hook in acc._save_model_state_pre_hook.values():   # as save_state calls them
-            hook(acc._models, weights, tmp)
-        save_accelerator_state(tmp, [], [], acc._schedulers, acc._dataloaders,
-                               acc.state.process_index, acc.step, acc.scaler,
+        # The run prepares one model and one optimizer and registers nothing else with
+        # Accelerate (no scheduler, dataloader, custom object or save hook): save_state would
+        # write exactly these, and a test compares the files byte for byte.
+        weights = [acc.get_state_dict(model, unwrap=False)]
+        save_accelerator_state(tmp, [], [], [], [], acc.process_index, acc.step, acc.scaler,
+                               save_on_each_node=acc.project_configuration.save_on_each_node,
                                safe_serialization=True)
-        for i, obj in enumerate(acc._custom_objects):
-            save_custom_state(obj, tmp, i)
+        acc.project_configuration.iteration += 1   # as save_state counts its saves
         if not acc.is_main_process:
             return {}
         self._write_counters(tmp, state, config_text)
-        models, optimizers = copier.copy(
-            (weights, [opt.state_dict() for opt in acc._optimizers]))
+        models, optimizers = copier.copy((weights, [optimizer.state_dict()]))
         return dict(models=models, optimizers=optimizers)
 
     def _write_in_background(self, tmp: str, final: str, step: int, meta: dict,

@@ -33,11 +33,14 @@ NO_BACKGROUND = ("FSDP", "DEEPSPEED", "MEGATRON_LM", "XLA")
 
 class Checkpointer:
     def __init__(self, ck, manager: CheckpointManager, accelerator, log, config_text: str,
-                 run_hash: str, resumed: str | None = None, window=find_window):
+                 run_hash: str, resumed: str | None = None, window=find_window, model=None,
+                 optimizer=None):
         """`ck`: the config's checkpoint section; `resumed`: the checkpoint the run resumed
         from; `window(configured)`: (seconds, where from) of the preemption window (asked once,
-        on rank 0)."""
+        on rank 0); `model`, `optimizer`: as Accelerate prepared them (before torch.compile),
+        what a background save copies."""
         self.ck, self.manager, self.acc, self.log = ck, manager, accelerator, log
+        self.model, self.optimizer = model, optimizer
         self.config_text, self.run_hash = config_text, run_hash
         self.background = bool(ck.checkpoint_async)
         layout = getattr(accelerator.distributed_type, "value", accelerator.distributed_type)
@@ -90,11 +93,21 @@ class Checkpointer:
         if background:
             meta["async"] = True
         t0 = time.perf_counter()
-        try:
-            if background:
+        if background:
+            try:
                 job = self.manager.save_in_background(self.acc, st, self.config_text, meta,
-                                                      self.copier, t0)
-            else:
+                                                      self.copier, t0, self.model,
+                                                      self.optimizer)
+            except CheckpointWriteError as e:
+                # The copy into host memory (a pinned-memory limit) or the small files failed,
+                # on some rank: this checkpoint is written now, and every later one too.
+                self.log.warn(f"{e}: checkpoint_async is off for the rest of the run; this "
+                              "checkpoint is written before training goes on")
+                self.background, self.copier, background = False, None, False
+                meta.pop("async")
+                t0 = time.perf_counter()
+        try:
+            if not background:
                 path = self.manager.save(self.acc, st, self.config_text, meta, started=t0)
         except CheckpointWriteError as e:
             st.checkpoints_written -= 1
@@ -129,7 +142,9 @@ class Checkpointer:
         a failed one is handled as a failed periodic save (a warning, or with
         checkpoint_required the end of the run). `st`: the train state, whose count of
         checkpoints a failed write takes back; `final`: the run ends here (a stop signal that
-        came while the write was being started), so a failed write ends it with exit 1."""
+        came while the write was being started): a failed write of the run's current step is
+        written again, synchronously (nothing trained since), and one that fails again ends the
+        run with exit 1."""
         job, self.pending = self.pending, None
         if job is None:
             return
@@ -138,9 +153,14 @@ class Checkpointer:
                          "written in the background")
         error = job.wait()
         if error is not None:
+            failure = self.manager.write_error(job.step, error)
             if st is not None:
                 st.checkpoints_written -= 1
-            self._failed(self.manager._write_error(job.step, error), final)
+            if final and st is not None and st.step == job.step:
+                self.log.warn(f"{failure}; writing it again before the run ends")
+                self.save(st, True, st.wall_seconds, lambda: False)
+                return
+            self._failed(failure, final)
         elif not self._said:
             self._saved(job.step, job.tokens, job.path, job.save_s, job.blocked_s,
                         background=True)

@@ -8,7 +8,9 @@ as the originals do. That keeps what the savers do with aliases unchanged (Accel
 second name of a shared tensor before safetensors writes the model; torch.save writes a storage
 once), so the files are the ones a synchronous save writes. The buffers are kept from one save to
 the next (pinned memory on CUDA, so that the device-to-host copies run at full speed, once for the
-run): the caller must not copy again while a writer still reads the previous copy.
+run): the caller must not copy again while a writer still reads the previous copy. torch's host
+allocator rounds each pinned buffer up to a power of two, so on CUDA the page-locked memory held
+can reach twice the state's size (`nbytes` counts the bytes asked for).
 """
 from __future__ import annotations
 
@@ -23,7 +25,7 @@ class HostCopy:
         self._buffers: list = []   # (uint8 tensor, pinned), one per storage, reused by position
         self._used = 0
         self._memo: dict = {}
-        self._device_copies = False
+        self._device_copies: set = set()
 
     @property
     def nbytes(self) -> int:
@@ -33,11 +35,11 @@ class HostCopy:
     def copy(self, obj):
         """`obj` (state dicts: nested dicts, lists and tuples of tensors and plain values) with
         every tensor copied into host memory; plain values are deep-copied."""
-        self._used, self._memo, self._device_copies = 0, {}, False
+        self._used, self._memo, self._device_copies = 0, {}, set()
         try:
             out = self._walk(obj)
-            if self._device_copies:
-                torch.cuda.synchronize()   # the non-blocking copies have landed
+            for device in self._device_copies:
+                torch.cuda.synchronize(device)   # the non-blocking copies have landed
         finally:
             self._memo = {}
         del self._buffers[self._used:]   # what a smaller state no longer needs
@@ -73,7 +75,8 @@ class HostCopy:
             if storage.nbytes():
                 whole = torch.empty(0, dtype=torch.uint8, device=t.device).set_(storage)
                 buf.copy_(whole, non_blocking=cuda)
-                self._device_copies |= cuda
+                if cuda:
+                    self._device_copies.add(t.device)
             host = self._memo[key] = buf.untyped_storage()
         return torch.empty(0, dtype=t.dtype).set_(host, t.storage_offset(), t.size(), t.stride())
 

@@ -89,8 +89,8 @@ def signal_in_script(script: str) -> Optional[str]:
 
 
 def _scontrol(args: list) -> str:
-    out = subprocess.run(["scontrol", *args], capture_output=True, text=True,
-                         timeout=SCONTROL_TIMEOUT_S)
+    out = subprocess.run(["scontrol", *args], capture_output=True, text=True, encoding="utf-8",
+                         errors="replace", timeout=SCONTROL_TIMEOUT_S)
     if out.returncode != 0:
         raise OSError(f"scontrol {' '.join(args)} exited {out.returncode}: "
                       f"{(out.stderr or out.stdout).strip()[:200]}")

@@ -58,7 +58,7 @@ def build(preset: str, vocab: int):
     return acc, model, opt, n_params
 
 
-def measure(acc, out: str, repeats: int) -> list:
+def measure(acc, model, opt, out: str, repeats: int) -> list:
     from fp8train.checkpoint import CheckpointManager, directory_bytes
     from fp8train.host_copy import HostCopy
     from fp8train.train_state import TrainState
@@ -73,7 +73,8 @@ def measure(acc, out: str, repeats: int) -> list:
                 path = manager.save(acc, st, "bench\n", {}, started=t0)
                 save_s = blocked_s = time.perf_counter() - t0
             else:
-                job = manager.save_in_background(acc, st, "bench\n", {}, copier, t0)
+                job = manager.save_in_background(acc, st, "bench\n", {}, copier, t0, model,
+                                                 opt)
                 blocked_s = time.perf_counter() - t0
                 error = job.wait()
                 if error:
@@ -94,12 +95,12 @@ def main(argv=None) -> int:
     import torch
     os.makedirs(args.out, exist_ok=True)
     t0 = time.time()
-    acc, _, _, n_params = build(args.preset, args.vocab)
+    acc, model, opt, n_params = build(args.preset, args.vocab)
     device = torch.cuda.get_device_name(0) if torch.cuda.is_available() else \
         f"CPU ({os.cpu_count()} cores, {platform.processor() or platform.machine()})"
     print(f"{args.preset}: {n_params / 1e6:.1f}M parameters, fp32 + AdamW state, on {device}; "
           f"checkpoints under {args.out}/", flush=True)
-    rows = measure(acc, args.out, args.repeats)
+    rows = measure(acc, model, opt, args.out, args.repeats)
     report = dict(date=time.strftime("%Y-%m-%d %H:%M %Z"), preset=args.preset,
                   n_params=n_params, device=device, out=os.path.abspath(args.out),
                   versions=dict(python=platform.python_version(), torch=torch.__version__,

@@ -486,3 +486,55 @@ def test_choose_speed_times_once_then_reads_the_cache(tmp_path):
         assert autobatch.choose_speed(c, fake_trial(st, calls), key, fit, torch.device("cpu"), 1,
                                       True, said.append) is None
     assert calls == []
+
+
+def test_a_cache_entry_without_a_usable_fit_is_probed_again(tmp_path):
+    """An entry holding timings but no fit (edited by hand, or written half) is a miss, not a
+    KeyError that would stop every later run with this key."""
+    from fp8train.keyed_cache import write_entry
+    cfg = Config(max_batch_size=8, probe_memory_limit_gb=1.0, output_dir=str(tmp_path))
+    key = {"k": 1}
+    for broken in ({"speed": {"per_rank": 8}}, {"fitted_micro_batch": "7"},
+                   {"fitted_micro_batch": 0}):
+        write_entry(autobatch.cache_path(cfg), key, broken)
+        said = []
+        fit = autobatch.discover(cfg, oom_above(5), key, torch.device("cpu"), 0, 1, True,
+                                 said.append)
+        assert fit.micro == 5 and not fit.cached and any("probing" in x for x in said)
+        (entry,) = probe_file(tmp_path)
+        assert entry["fitted_micro_batch"] == 5
+
+
+def test_a_cache_that_cannot_be_written_is_a_note_not_a_failure(tmp_path):
+    """batch_probe.json is a directory here, so the atomic rename onto it fails for real: the
+    probe and the timing still decide, and the note says the next run measures again."""
+    cfg = Config(target_effective_batch_size=64, max_batch_size=64, output_dir=str(tmp_path))
+    os.makedirs(autobatch.cache_path(cfg) + "/x")
+    said, calls = [], []
+    fit = autobatch.discover(cfg, oom_above(17), {"k": 1}, torch.device("cpu"), 0, 1, True,
+                             said.append)
+    st = {m: StepTimes(m * 10**6, 0.1 * m, 0.1) for m in (16, 8, 4, 2, 1)}
+    speed = autobatch.choose_speed(cfg, fake_trial(st, calls), {"k": 1}, fit.micro,
+                                   torch.device("cpu"), 1, True, said.append)
+    assert fit.micro == 17 and speed.micro == 16 and calls
+    notes = [x for x in said if "could not write the cache" in x]
+    assert len(notes) == 2 and all("the next run measures again" in x for x in notes)
+
+
+def test_a_table_cut_short_by_the_budget_is_timed_again_with_another_budget(tmp_path):
+    st = {m: StepTimes(m * 10**6, 0.1 * m, 0.1) for m in (16, 8, 4, 2, 1)}
+    cfg = Config(target_effective_batch_size=64, max_batch_size=64, output_dir=str(tmp_path),
+                 batch_timing_budget_s=1e-9)   # the largest only: the budget is spent at once
+    key, calls = {"k": 1}, []
+    autobatch.write_cache(autobatch.cache_path(cfg), key, 17, 1.0, [])
+    first = autobatch.choose_speed(cfg, fake_trial(st, calls), key, 17, torch.device("cpu"), 1,
+                                   True, print)
+    assert calls == [16] and "batch_timing_budget_s" in first.stopped
+    calls.clear()
+    same = autobatch.choose_speed(cfg, fake_trial(st, calls), key, 17, torch.device("cpu"), 1,
+                                  True, print)
+    assert same.cached and calls == []
+    more = Config(target_effective_batch_size=64, max_batch_size=64, output_dir=str(tmp_path))
+    again = autobatch.choose_speed(more, fake_trial(st, calls), key, 17, torch.device("cpu"), 1,
+                                   True, print)
+    assert not again.cached and len(calls) >= 2

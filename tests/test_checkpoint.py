@@ -8,6 +8,17 @@ from fp8train.checkpoint import CheckpointManager, TrainState, resolve_resume
 from fp8train.config import ConfigError
 
 
+@pytest.fixture(autouse=True)
+def no_accelerate_state_left():
+    """Some tests here build an Accelerator in this process: its process-wide state would reach
+    later tests (tests/test_fsdp_fp8.py reads it). Reset after each test, as Accelerate's own
+    AccelerateTestCase.tearDown does."""
+    yield
+    from accelerate.state import AcceleratorState, GradientState
+    AcceleratorState._reset_state(True)
+    GradientState._reset_state()
+
+
 def make(root, *steps):
     for s in steps:
         d = root / "checkpoints" / f"step_{s:07d}"
@@ -550,7 +561,7 @@ def test_a_background_save_writes_what_save_state_writes_as_of_its_step(tmp_path
 
     monkeypatch.setattr(CheckpointManager, "_write_in_background", held)
     job = CheckpointManager(str(tmp_path / "async"), keep=3).save_in_background(
-        acc, st, "c: 1\n", {"async": True}, HostCopy(), time.perf_counter())
+        acc, st, "c: 1\n", {"async": True}, HostCopy(), time.perf_counter(), model, opt)
     torch.rand(3)                                  # the RNG moves on
     with torch.no_grad():
         for p in model.parameters():
@@ -583,7 +594,7 @@ def test_a_failed_background_write_leaves_nothing_and_is_agreed_at_the_wait(tmp_
     from fp8train.host_copy import HostCopy
     acc = Accelerator(cpu=True)
     lin = torch.nn.Linear(2, 2)
-    acc.prepare(lin, torch.optim.AdamW(lin.parameters()))
+    lin, opt = acc.prepare(lin, torch.optim.AdamW(lin.parameters()))
 
     def full(self, tmp, step, optimizers):
         raise OSError(28, "No space left on device")
@@ -592,7 +603,7 @@ def test_a_failed_background_write_leaves_nothing_and_is_agreed_at_the_wait(tmp_
     m = CheckpointManager(str(tmp_path), keep=3)
     st = TrainState()
     st.step = 4
-    job = m.save_in_background(acc, st, "", {}, HostCopy(), time.perf_counter())
+    job = m.save_in_background(acc, st, "", {}, HostCopy(), time.perf_counter(), lin, opt)
     assert job.wait() == "No space left on device"
     assert os.listdir(m.dir) == [] and m.latest() is None   # the partial write removed
 
@@ -743,3 +754,72 @@ def test_a_save_over_half_the_window_is_warned_about_once(tmp_path):
     c._check_window(1e6, "checkpoint step 3 took")
     assert said == ["file: preemption window unknown (unknown): checkpoint saves are timed, not "
                     "compared with it"]
+
+
+def _async_checkpointer(tmp_path):
+    """A Checkpointer with checkpoint_async on over a real Accelerator and a prepared Linear,
+    and the list of what it says."""
+    from types import SimpleNamespace
+
+    import torch
+    from accelerate import Accelerator
+    from fp8train.checkpointer import Checkpointer
+    acc = Accelerator(cpu=True)
+    lin = torch.nn.Linear(2, 2)
+    lin, opt = acc.prepare(lin, torch.optim.AdamW(lin.parameters()))
+    said = []
+    log = SimpleNamespace(warn=lambda m: said.append("WARNING: " + m), msg=said.append,
+                          file_only=lambda m: None, log=lambda row: None)
+    ck = SimpleNamespace(checkpoint_async=True, checkpoint_window_s=None, checkpoint_interval=2,
+                         checkpoint_required=False)
+    return Checkpointer(ck, CheckpointManager(str(tmp_path), 3), acc, log, "", "h",
+                        window=lambda configured: (None, "unknown"), model=lin,
+                        optimizer=opt), said
+
+
+def test_a_host_copy_that_fails_turns_async_off_and_saves_now(tmp_path, monkeypatch):
+    """The copy into host memory fails (on a GPU: the pinned-memory allocation, which cannot
+    happen here, so HostCopy.copy is made to raise as CUDA's allocator does): that checkpoint is
+    written synchronously at once, with one warning, and so is every later one."""
+    from fp8train.checkpoint import read_manifest
+    from fp8train.host_copy import HostCopy
+
+    def no_pinned_memory(self, obj):
+        raise RuntimeError("CUDA error: out of memory (cudaHostAlloc)")
+
+    monkeypatch.setattr(HostCopy, "copy", no_pinned_memory)
+    c, said = _async_checkpointer(tmp_path)
+    st = TrainState()
+    for step in (2, 4):
+        st.step = step
+        assert c.save(st, False, 1.0, lambda: False)
+        assert c.pending is None and c.latest().endswith(f"step_{step:07d}")
+        assert "async" not in read_manifest(c.latest())
+    warned = [m for m in said if m.startswith("WARNING")]
+    assert len(warned) == 1 and "cudaHostAlloc" in warned[0] and \
+        "checkpoint_async is off for the rest of the run" in warned[0]
+    assert not c.background and st.checkpoints_written == 2
+
+
+def test_a_failed_background_write_at_the_end_is_written_again(tmp_path, monkeypatch):
+    """A stop that came while a background save was being started ends the run at that step;
+    the write then fails in its thread: nothing trained since, so the run's last wait writes the
+    same step again, synchronously, instead of ending with exit 1 and losing it."""
+    from fp8train.checkpoint import read_manifest
+    failures = []
+
+    def full_once(self, tmp, step, optimizers):
+        failures.append(step)
+        raise OSError(28, "No space left on device")
+
+    monkeypatch.setattr(CheckpointManager, "_write_optimizer_copy", full_once)
+    c, said = _async_checkpointer(tmp_path)
+    st = TrainState()
+    st.step = 2
+    assert c.save(st, False, 1.0, lambda: False) and c.pending is not None
+    c.wait(st, final=True)
+    assert failures == [2] and c.latest().endswith("step_0000002")
+    assert "async" not in read_manifest(c.latest()) and st.checkpoints_written == 1
+    warned = [m for m in said if m.startswith("WARNING")]
+    assert len(warned) == 1 and "No space left on device" in warned[0] and \
+        warned[0].endswith("writing it again before the run ends")
