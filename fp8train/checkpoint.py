@@ -96,6 +96,11 @@ def step_dir_name(step: int) -> str:
     return f"step_{step:07d}"
 
 
+def step_of(path: str) -> int:
+    """The step of checkpoint directory `path` (…/step_NNNNNNN), the inverse of step_dir_name."""
+    return int(_STEP_DIR.match(os.path.basename(os.path.normpath(path))).group(1))
+
+
 def read_train_state(path: str) -> TrainState:
     """The counters of checkpoint `path`. ConfigError, in one line, for a checkpoint this version
     cannot resume (`resume_refusal`) or an unreadable train_state.json."""

@@ -4,8 +4,7 @@ checkpoint (the data that led here is not replayed). A second time before a new 
 passed, the run stops: it diverges."""
 from __future__ import annotations
 
-import os
-
+from .checkpoint import step_of
 from .errors import RunFailed
 
 
@@ -40,7 +39,7 @@ class Recovery:
         hint = "lower learning_rate, raise warmup_steps" + (
             ", raise fp8_margin or train without FP8" if self.prec.fp8 else "")
         if self.since is None and self.restored_step is not None and found is not None and \
-                _step_of(found) <= self.restored_step:
+                step_of(found) <= self.restored_step:
             self.since = self.detected   # the checkpoint that passed it failed in the background
         if self.since is not None:
             raise RunFailed(f"{what}, again after restoring a checkpoint at step "
@@ -70,8 +69,3 @@ class Recovery:
             row["recovery/fp8_margin"] = self.prec.margin()
             row["recovery/fp8_on"] = int(not self.prec.disabled)
         self.log.log(row)
-
-
-def _step_of(checkpoint: str) -> int:
-    """The step of checkpoint directory `checkpoint` (checkpoints/step_NNNNNNN)."""
-    return int(os.path.basename(os.path.normpath(checkpoint)).rsplit("_", 1)[1])

@@ -58,3 +58,34 @@ def test_profiled_steps_on_gpu_record_cuda_kernels_and_a_memory_snapshot(tmp_pat
     with open(out / "profile" / "memory_steps_3-4_rank0.pickle", "rb") as fh:
         snapshot = pickle.load(fh)
     assert snapshot["segments"] and any(snapshot["device_traces"])
+
+
+def test_background_checkpoints_on_gpu_resume_like_the_uninterrupted_run(tmp_path):
+    """checkpoint_async on CUDA: the state goes device -> pinned host buffers at the step and is
+    written by a thread while training goes on. A run resumed from such a checkpoint (step 4,
+    written in the background while steps 5-6 trained) logs the uninterrupted run's losses."""
+    import shutil
+    out = tmp_path / "run"
+    args = tiny_args(out, max_steps=12, log_interval=2, checkpoint_interval=4, eval_samples=0,
+                     keep_checkpoints=0, checkpoint_async="true")
+    r = run_train(*args)
+    assert r.returncode == 0, r.stderr[-3000:]
+    assert "saved in the background" in r.stdout
+    step4 = out / "checkpoints" / "step_0000004"
+    assert json.loads((step4 / "manifest.json").read_text())["async"] is True
+    assert "copied to host memory" in (out / "train.log").read_text()
+    rows = [json.loads(line) for line in open(out / "metrics.jsonl")]
+    saves = [x for x in rows if "checkpoint/save_s" in x]
+    assert [x["step"] for x in saves] == [4, 8, 12] and all(x["checkpoint/size_gb"] > 0
+                                                            for x in saves)
+    again = tmp_path / "again"
+    shutil.copytree(out, again)
+    r = run_train(*tiny_args(again, max_steps=12, log_interval=2, checkpoint_interval=4,
+                             eval_samples=0, keep_checkpoints=0, checkpoint_async="true"),
+                  f"--resume={again / 'checkpoints' / 'step_0000004'}")
+    assert r.returncode == 0 and "at step 4" in r.stdout, r.stderr[-3000:]
+    losses = {x["step"]: x["train/loss"] for x in rows if "train/loss" in x}
+    resumed = [json.loads(line) for line in open(again / "metrics.jsonl")]
+    for x in resumed:
+        if "train/loss" in x and x["step"] > 4:
+            assert x["train/loss"] == pytest.approx(losses[x["step"]], rel=1e-5), x["step"]
