@@ -17,8 +17,8 @@ in a collective. The result is cached (batch_probe.json) under a key of everythi
 memory use, so reruns and requeued jobs skip the probe.
 
 The largest fit is not always the fastest: `choose_speed` then times the micro-batches up to it
-that divide the rank's share of the target and takes the fastest (see "the fastest micro-batch"
-below); its table is cached beside the fit.
+that divide the rank's share of the target and takes the fastest (the rule, the budget and the
+table: batch_speed.py); its table is cached beside the fit.
 """
 from __future__ import annotations
 
@@ -31,6 +31,11 @@ from typing import Callable, Optional
 import torch
 
 from .agreement import RankFailed, gather
+# The speed timing's names stay importable from here (planning and the tests use them).
+from .batch_speed import (  # noqa: F401
+    BUDGET_KEY, CLEAR_FALL, TIMED_STEPS, Speed, StepTimes, Timing, agree_speed, cached_speed,
+    combine_timings, describe_speed, fastest, speed_candidates, speed_table, step_tokens_per_sec,
+    time_candidates)
 from .config import Config, ConfigError
 from .errors import is_out_of_memory, one_line
 from .keyed_cache import read_entry, write_entry
@@ -120,20 +125,13 @@ class _SavedTensorBytes:
         return t
 
 
-@dataclass(frozen=True)
-class StepTimes:
-    """One trial's measurements: the step's peak bytes and, when timed, the mean seconds of a
-    forward+backward micro-step and of the optimizer step."""
-    peak: int
-    micro_s: float = 0.0
-    optimizer_s: float = 0.0
-
-
 def make_trial(build_model: Callable[[], torch.nn.Module], build_precision, build_optimizer,
                loss_fn, cfg: Config, vocab_size: int, device: torch.device, autocast):
     """A function micro -> peak bytes of one full training step at that micro-batch, with the
     optimizer state already allocated (as from the run's second step on). Its `timed(micro,
-    steps)` also times `steps` more micro-steps and one more optimizer step (StepTimes)."""
+    steps)` also times `steps` more micro-steps and one more optimizer step (StepTimes).
+    `loss_fn(model, x)`: the loss of the (compiled) model on tokens x, as the run computes it
+    (the model's own loss, inside its compiled forward)."""
 
     def run(micro: int, timed_steps: int) -> StepTimes:
         prec = build_precision().for_trials()
@@ -172,8 +170,8 @@ def make_trial(build_model: Callable[[], torch.nn.Module], build_precision, buil
 
         def micro_step():
             with autocast(), prec.forward_context(training=True):
-                logits = step_model(x)
-            loss_fn(logits, x).backward()   # the loss outside autocast, as in the run
+                loss = loss_fn(step_model, x)
+            loss.backward()
 
         with torch.autograd.graph.saved_tensors_hooks(counter.pack, counter.unpack):
             micro_step()
@@ -349,88 +347,11 @@ def after_trials(cfg: Config, device: torch.device) -> None:
         torch.compiler.reset()
 
 
-# --- the fastest micro-batch --------------------------------------------------------------------
-#
-# Larger is not always faster: past the point where a step is compute-bound, a larger micro-batch
-# only adds memory pressure (allocator churn, fragmentation). After the fit is known, each
-# micro-batch that divides the rank's share of the target is timed, largest first, on real
-# training steps of a throw-away model, and the one with the highest tokens/s of a whole
-# optimizer step is taken. Each rank times alone (no collectives), the ranks agree on the
-# slowest rank's figure per micro-batch, and the table is cached with the fit.
-
-TIMED_STEPS = 3     # forward+backward micro-steps timed per candidate, after one warm-up step
-CLEAR_FALL = 0.15   # a candidate this much slower than the best so far ends the search
-BUDGET_KEY = "batch_timing_budget_s"
-
-
-@dataclass(frozen=True)
-class Timing:
-    micro: int
-    tokens_per_sec: float
-    peak_bytes: Optional[int]
-
-
-@dataclass(frozen=True)
-class Speed:
-    micro: int              # the micro-batch chosen
-    timings: tuple          # agreed Timings, largest micro-batch first
-    candidates: tuple       # every micro-batch that could have been timed, largest first
-    stopped: str            # why the search ended before the last candidate ("": it did not)
-    seconds: float          # timing time (the slowest rank); 0 when every rank used the cache
-    cached: bool
-    per_rank: int           # sequences per rank per optimizer step
-
-
-def speed_candidates(per_rank: int, fitted: int, maximum: int) -> list:
-    """The micro-batches a rank's `per_rank` sequences split into evenly, up to the fit, largest
-    first."""
-    cap = min(fitted, per_rank, maximum)
-    return [d for d in range(cap, 0, -1) if per_rank % d == 0]
-
-
-def step_tokens_per_sec(times: StepTimes, micro: int, per_rank: int, seq_len: int) -> float:
-    """Tokens/s of a whole optimizer step at micro-batch `micro`: per_rank / micro micro-steps
-    and one optimizer step (whose cost a smaller micro-batch does not spread as far)."""
-    seconds = per_rank // micro * times.micro_s + times.optimizer_s
-    return per_rank * seq_len / seconds if seconds > 0 else float("inf")
-
-
-def fastest(timings, tolerance: float) -> int:
-    """The micro-batch with the highest tokens/s. Going down from the largest, a smaller one
-    replaces the best only when it is faster by more than `tolerance`: within timing noise the
-    larger one is kept (fewer micro-steps, the same memory it was measured to fit in)."""
-    best = None
-    for t in sorted(timings, key=lambda t: -t.micro):
-        if best is None or t.tokens_per_sec > best.tokens_per_sec * (1 + tolerance):
-            best = t
-    return best.micro
-
-
-def time_candidates(measure: Callable[[int], Optional[Timing]], candidates, budget_s: float,
-                    clock: Callable[[], float] = time.perf_counter) -> "tuple[list, str]":
-    """Time `candidates` largest first, until the throughput clearly falls (CLEAR_FALL below the
-    best so far) or the next one would overrun `budget_s` (taken to cost what the last did).
-    `measure(micro)` is None for a micro-batch that ran out of memory. Returns the timings and
-    why the search stopped early ("" when every candidate was timed)."""
-    timings, start, last_cost = [], clock(), 0.0
-    for micro in candidates:
-        if timings and clock() - start + last_cost > budget_s:
-            return timings, f"the {budget_s:g} s timing budget ({BUDGET_KEY}) was spent"
-        t0 = clock()
-        t = measure(micro)
-        last_cost = clock() - t0
-        if t is None:
-            continue
-        timings.append(t)
-        best = max(x.tokens_per_sec for x in timings)
-        if t.tokens_per_sec < (1 - CLEAR_FALL) * best:
-            return timings, (f"micro {micro} was {1 - t.tokens_per_sec / best:.0%} slower than "
-                             "the best: smaller ones were not timed")
-    return timings, ""
-
+# --- the fastest micro-batch (the rule and the table: batch_speed.py) ---------------------------
 
 def measure_with(trial, per_rank: int, seq_len: int) -> Callable[[int], Optional[Timing]]:
-    """measure(micro) for time_candidates over a make_trial trial (None: out of memory)."""
+    """measure(micro) for time_candidates over a make_trial trial (None: out of memory); its
+    `timed_s` is the trial's timed steps alone (what the budget is charged with)."""
     def measure(micro: int) -> Optional[Timing]:
         try:
             times = trial.timed(micro, TIMED_STEPS)
@@ -440,119 +361,64 @@ def measure_with(trial, per_rank: int, seq_len: int) -> Callable[[int], Optional
             return None
         finally:
             release_memory()
-        return Timing(micro, step_tokens_per_sec(times, micro, per_rank, seq_len), times.peak)
+        return Timing(micro, step_tokens_per_sec(times, micro, per_rank, seq_len), times.peak,
+                      timed_s=TIMED_STEPS * times.micro_s + times.optimizer_s)
     return measure
 
 
-def agree_speed(local: Optional[list], seconds: float, error: Optional[str]) -> "tuple[list, float]":
-    """One all-gather of every rank's timings (or error): the micro-batches timed on every rank,
-    at the slowest rank's tokens/s (a step waits for it) and the largest peak; and the slowest
-    rank's timing time."""
-    gathered = gather(([(t.micro, t.tokens_per_sec, t.peak_bytes) for t in local or []],
-                       seconds, error))
-    for rank, (_, _, err) in enumerate(gathered):
-        if err:
-            raise RankFailed(f"micro-batch timing failed on rank {rank}: {err}")
-    return combine_timings([ts for ts, _, _ in gathered]), max(g[1] for g in gathered)
-
-
-def combine_timings(by_rank: list) -> list:
-    """Each rank's [(micro, tokens/s, peak bytes)] -> the Timings of the micro-batches every rank
-    timed, at the slowest rank's tokens/s and the largest peak, largest micro-batch first."""
-    tables = [{m: (tps, peak) for m, tps, peak in ts} for ts in by_rank]
-    common = set.intersection(*(set(d) for d in tables))
-    return [Timing(m, min(d[m][0] for d in tables),
-                   max((d[m][1] for d in tables if d[m][1] is not None), default=None))
-            for m in sorted(common, reverse=True)]
-
-
 def choose_speed(cfg: Config, trial, key: dict, fitted: int, device: torch.device, world: int,
-                 is_main: bool, info: Callable[[str], None],
-                 run_dir: Optional[str] = None) -> Optional[Speed]:
+                 is_main: bool, info: Callable[[str], None], run_dir: Optional[str] = None,
+                 clock: Callable[[], float] = time.perf_counter) -> Optional[Speed]:
     """The fastest micro-batch up to `fitted` that divides this rank's share of the target,
     timed (or read from the cache beside the fit) and agreed; None when there is nothing to
-    choose (one candidate, or batch_timing_budget_s 0)."""
+    choose (batch_timing_budget_s 0, or one candidate: said in one line)."""
     per_rank = cfg.target_effective_batch_size // world
     candidates = speed_candidates(per_rank, fitted, cfg.max_batch_size)
-    if cfg.batch_timing_budget_s <= 0 or len(candidates) < 2:
+    if cfg.batch_timing_budget_s <= 0:
+        return None
+    if len(candidates) < 2:
+        info(f"batch timing: skipped, nothing to compare: {candidates[0]} is the only "
+             f"micro-batch up to the fit ({fitted}) that divides the {per_rank} sequences per "
+             "rank")
         return None
     path = cache_path(cfg, run_dir)
     entry = read_cache(path, key) or {}
     hit = None if cfg.reprobe else cached_speed(entry.get("speed"), per_rank, candidates,
                                                  cfg.batch_timing_budget_s)
-    local, stopped, error, seconds = None, "", None, 0.0
+    local, stopped, error, timed, warmup = None, "", None, 0.0, 0.0
     if hit is not None:
         local, stopped = hit
     else:
         info(f"batch timing: micro-batches {', '.join(map(str, candidates))} (they divide the "
-             f"{per_rank} sequences per rank), largest first, within {cfg.batch_timing_budget_s:g} s")
-        t0 = time.perf_counter()
+             f"{per_rank} sequences per rank), largest first, within "
+             f"{cfg.batch_timing_budget_s:g} s of timed steps" +
+             (" (each size compiles first, not counted)" if cfg.compile else ""))
+        t0 = clock()
         try:   # as in discover: a failure on one rank is reported on every rank by agree_speed
             with torch.random.fork_rng(devices=[device] if device.type == "cuda" else []):
                 local, stopped = time_candidates(measure_with(trial, per_rank, cfg.seq_len),
-                                                 candidates, cfg.batch_timing_budget_s)
+                                                 candidates, cfg.batch_timing_budget_s, clock)
         except Exception as e:
             error = one_line(e, with_type=True)
-        seconds = time.perf_counter() - t0
+        timed = sum(t.timed_s for t in local or [])
+        warmup = max(0.0, clock() - t0 - timed)
         after_trials(cfg, device)
-    timings, seconds = agree_speed(local, seconds, error)
+    timings, timed, warmup = agree_speed(local, timed, warmup, error)
     if not timings:   # every candidate ran out of memory while timed: the fit decides
         info("batch timing: no micro-batch could be timed (out of memory); keeping the largest")
         return None
     speed = Speed(fastest(timings, cfg.batch_speed_tolerance), tuple(timings),
-                  tuple(candidates), stopped, seconds, hit is not None, per_rank)
+                  tuple(candidates), stopped, timed, hit is not None, per_rank, warmup,
+                  cfg.compile)
     if is_main and hit is None:
         kept = {k: v for k, v in entry.items() if k not in ("key", "date")}
         table = dict(per_rank=per_rank, candidates=candidates, stopped=stopped,
-                     budget_s=cfg.batch_timing_budget_s, seconds=round(seconds, 2),
+                     budget_s=cfg.batch_timing_budget_s, seconds=round(timed + warmup, 2),
+                     timed_s=round(timed, 4), warmup_s=round(warmup, 2),
                      timings=speed_table(speed))
         write_quietly(lambda: write_entry(path, key, dict(kept, fitted_micro_batch=fitted,
                                                           speed=table)), path, info)
     return speed
-
-
-def cached_speed(speed, per_rank: int, candidates: list, budget_s: float):
-    """(timings, why the search stopped) of a cached table that answers this search: the same
-    per-rank target and candidates, and not cut short by a smaller budget than this one's.
-    None when there is none (a malformed entry included)."""
-    if not (isinstance(speed, dict) and speed.get("per_rank") == per_rank and
-            speed.get("candidates") == candidates):
-        return None
-    stopped = str(speed.get("stopped", ""))
-    if BUDGET_KEY in stopped and speed.get("budget_s") != budget_s:
-        return None   # a different budget may time more (or fewer) micro-batches
-    try:
-        timings = [Timing(int(t["micro"]), float(t["tokens_per_sec"]),
-                          None if t.get("peak_gb") is None else int(t["peak_gb"] * 1e9))
-                   for t in speed["timings"]]
-    except (KeyError, TypeError, ValueError, AttributeError):
-        return None
-    return (timings, stopped) if timings else None
-
-
-def speed_table(speed: Speed) -> list:
-    """The timings as config.yaml's derived section and the cache record them."""
-    return [dict(micro=t.micro, accum=speed.per_rank // t.micro,
-                 tokens_per_sec=round(t.tokens_per_sec, 1),
-                 peak_gb=None if t.peak_bytes is None else round(t.peak_bytes / 1e9, 4))
-            for t in speed.timings]
-
-
-def describe_speed(speed: Speed, tolerance: float) -> list:
-    """The log's table: one line per timed micro-batch, the chosen one marked."""
-    how = "cached" if speed.cached else f"{speed.seconds:.1f} s"
-    lines = [f"batch timing ({how}): tokens/s of a whole step of {speed.per_rank} sequences per "
-             f"rank; a smaller micro-batch must be over {tolerance:.0%} faster to be taken"]
-    for t in speed.timings:
-        mem = "" if t.peak_bytes is None else f", {t.peak_bytes / 1e9:.3f} GB"
-        mark = "  <- fastest" if t.micro == speed.micro else ""
-        lines.append(f"  micro {t.micro:>4} × accum {speed.per_rank // t.micro:<5}"
-                     f"{t.tokens_per_sec:>12,.0f} tokens/s{mem}{mark}")
-    untimed = [m for m in speed.candidates if m not in {t.micro for t in speed.timings}]
-    if untimed and speed.stopped:
-        lines.append(f"  not timed: {', '.join(map(str, untimed))} ({speed.stopped})")
-    return lines
-
 
 # --- the plan -----------------------------------------------------------------------------------
 

@@ -63,15 +63,21 @@ class BackgroundSave:
         self.tokens = 0                   # the run's tokens at its step (set by the caller)
         self.save_s: float | None = None  # its duration, start to published (rank 0)
         self.error: str | None = None     # what failed in the thread (rank 0)
+        self.stall_s: float | None = None  # training's longest stall during the write (rank 0)
+        self.overlap_steps = 0            # steps trained while it was written (set by the caller)
         self._thread = None
 
     def start(self, write) -> None:
+        from .write_stall import StallWatch
+        watch = StallWatch().start()      # before the writer: it sees the write's first hold
+
         def run():
             try:
                 write()
             except BaseException as e:   # reported at the next wait, not by the thread
                 self.error = _describe(e)
             self.save_s = time.perf_counter() - self.started
+            self.stall_s = watch.stop()
         # Not a daemon: a process that exits otherwise than by a kill finishes the write first.
         self._thread = threading.Thread(target=run, name=f"checkpoint-step-{self.step}")
         try:
@@ -79,6 +85,7 @@ class BackgroundSave:
         except RuntimeError:   # "can't start new thread": written here and now instead
             self._thread = None
             run()
+            self.stall_s = None   # training waited for all of it (blocked_s)
 
     def done(self) -> bool:
         """Whether the thread has finished (always true on the ranks without one)."""

@@ -13,18 +13,24 @@ the next save (before it copies anything), a rollback (before it restores), and 
 stop, the end, a target reached: it waits, then saves synchronously), and at the end of the run.
 A background write that failed is reported at the next wait point, under the same policy as a
 failed save. Every save logs its duration and size (checkpoint/save_s, checkpoint/size_gb,
-checkpoint/blocked_s: how long training waited), and the first one that takes more than half of
-the window a stop signal leaves (checkpoint_window_s, or the SLURM job's --signal) is warned
-about, once; so is, at start, a resumed checkpoint whose recorded save took that long.
+checkpoint/blocked_s: how long training waited), a background one also what the write cost
+training while it ran (checkpoint/stall_max_s, the longest the training thread could not run,
+measured by write_stall.StallWatch; checkpoint/overlap_steps, the steps trained meanwhile), and
+the first one that takes more than half of the window a stop signal leaves (checkpoint_window_s,
+or the SLURM job's --signal) is warned about, once; so is, at start, a resumed checkpoint whose
+recorded save took that long. A safetensors that holds the GIL while it writes (before 0.8)
+would stop training for the whole model write: checkpoint_async is then off, with one warning.
 """
 from __future__ import annotations
 
 import time
 
+from .agreement import on_rank0
 from .checkpoint import (BackgroundSave, CheckpointManager, CheckpointWriteError,
                          directory_bytes, read_manifest)
 from .errors import RunFailed
 from .stop_window import find_window
+from .write_stall import safetensors_holds_gil
 
 # Distribution layouts whose save path writes collectively (FSDP's sharded state goes through
 # torch.distributed.checkpoint inside Accelerate): no background copy of theirs.
@@ -50,12 +56,24 @@ class Checkpointer:
                      "(every rank writes its shards collectively, through "
                      "torch.distributed.checkpoint): each checkpoint is written before training "
                      "goes on")
+        # Rank 0 writes in the background: its safetensors decides, for every rank (the save
+        # paths differ in their collectives).
+        old = on_rank0(safetensors_holds_gil, "checking safetensors") if self.background \
+            else None
+        if old:
+            self.background = False
+            log.warn(f"checkpoint_async: not available with safetensors {old}, which holds the "
+                     "GIL while it writes model.safetensors and would stop training for the "
+                     "whole write: each checkpoint is written before training goes on; "
+                     "pip install 'safetensors>=0.8' (it releases the GIL) to write them in the "
+                     "background")
         self.copier = None
         if self.background:
             from .host_copy import HostCopy
             self.copier = HostCopy()
         self.pending: BackgroundSave | None = None
         self._said = False        # the pending write's outcome was logged (by poll)
+        self._state = None        # the run's train state, whose step poll reads
         self.window, self.window_source, self._warned = None, "", False
         if accelerator.is_main_process:
             self.window, where = window(ck.checkpoint_window_s)
@@ -118,7 +136,7 @@ class Checkpointer:
             self._saved(st.step, st.tokens, path, time.perf_counter() - t0, blocked)
             return True
         job.blocked_s, job.tokens = blocked, st.tokens
-        self.pending, self._said = job, False
+        self.pending, self._said, self._state = job, False, st
         if self.acc.is_main_process:
             self.log.file_only(f"checkpoint step {st.step:,}: copied to host memory "
                                f"({self.copier.nbytes / 1e9:,.2f} GB, kept for the next save); "
@@ -126,15 +144,20 @@ class Checkpointer:
         return True
 
     def poll(self) -> None:
-        """A background write that has finished is said and logged now, on rank 0 (no
-        collective: whether it failed is agreed at the next wait point, and a failure is said
-        there)."""
+        """Called after every step. A background write that has finished is said and logged
+        now, on rank 0 (no collective: whether it failed is agreed at the next wait point, and a
+        failure is said there); one still in flight counts the steps trained since it started
+        (every one of them ran while it was being written)."""
         job = self.pending
-        if job is None or self._said or not self.acc.is_main_process or not job.done() \
-                or job.error is not None:
+        if job is None or self._said or not self.acc.is_main_process:
+            return
+        if not job.done():
+            job.overlap_steps = self._state.step - job.step
+            return
+        if job.error is not None:
             return
         self._said = True
-        self._saved(job.step, job.tokens, job.path, job.save_s, job.blocked_s, background=True)
+        self._saved(job.step, job.tokens, job.path, job.save_s, job.blocked_s, job=job)
 
     def wait(self, st=None, final: bool = False) -> None:
         """A wait point: the background write in flight, if any, finished and its outcome
@@ -151,6 +174,8 @@ class Checkpointer:
         if not job.done():
             self.log.msg(f"waiting for the checkpoint of step {job.step:,}, which is being "
                          "written in the background")
+            if self._state is not None:   # every step up to here ran during the write
+                job.overlap_steps = self._state.step - job.step
         error = job.wait()
         if error is not None:
             failure = self.manager.write_error(job.step, error)
@@ -162,24 +187,31 @@ class Checkpointer:
                 return
             self._failed(failure, final)
         elif not self._said:
-            self._saved(job.step, job.tokens, job.path, job.save_s, job.blocked_s,
-                        background=True)
+            self._saved(job.step, job.tokens, job.path, job.save_s, job.blocked_s, job=job)
 
     def _saved(self, step: int, tokens: int, path: str, save_s: float, blocked_s: float,
-               background: bool = False) -> None:
-        """A checkpoint published: the console line, its row (rank 0 measures its size on
-        disk), the window check. Rank 0 only: the other ranks know nothing of the write."""
+               job: BackgroundSave | None = None) -> None:
+        """A checkpoint published (`job`: written in the background): the console line, its row
+        (rank 0 measures its size on disk), the window check. Rank 0 only: the other ranks know
+        nothing of the write."""
         if not self.acc.is_main_process:
             return
-        if background:
-            self.log.msg(f"checkpoint step {step:,} saved in the background ({save_s:.1f} s; "
-                         f"training waited {blocked_s:.1f} s)")
-        else:
+        row = {"step": step, "tokens": tokens, "checkpoint/save_s": round(save_s, 3),
+               "checkpoint/size_gb": directory_bytes(path) / 1e9,
+               "checkpoint/blocked_s": round(blocked_s, 3)}
+        if job is None:
             self.log.msg(f"checkpoint step {step:,} saved ({save_s:.1f} s)")
+        else:
+            steps = job.overlap_steps
+            meanwhile = f"then trained {steps:,} step{'s' if steps != 1 else ''} during the write"
+            row["checkpoint/overlap_steps"] = steps
+            if job.stall_s is not None:
+                meanwhile += f", stalled {job.stall_s:.2f} s at most"
+                row["checkpoint/stall_max_s"] = round(job.stall_s, 3)
+            self.log.msg(f"checkpoint step {step:,} saved in the background ({save_s:.1f} s; "
+                         f"training waited {blocked_s:.1f} s, {meanwhile})")
         self.log.file_only(f"checkpoint: {path}")
-        self.log.log({"step": step, "tokens": tokens, "checkpoint/save_s": round(save_s, 3),
-                      "checkpoint/size_gb": directory_bytes(path) / 1e9,
-                      "checkpoint/blocked_s": round(blocked_s, 3)})
+        self.log.log(row)
         self._check_window(save_s, f"checkpoint step {step:,} took")
 
     def _check_window(self, save_s: float, what: str) -> None:

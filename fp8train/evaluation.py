@@ -12,7 +12,6 @@ import time
 import numpy as np
 import torch
 
-from .loss import lm_loss
 
 
 def token_loss_sums(model, batches, device, context=contextlib.nullcontext, rank: int = 0,
@@ -28,8 +27,7 @@ def token_loss_sums(model, batches, device, context=contextlib.nullcontext, rank
         mine = i + rank < len(batches)
         x, y = batches[i + rank if mine else 0]
         with context():
-            logits = model(x.to(device))
-        _, ce, _ = lm_loss(logits, y.to(device))
+            _, ce, _ = model(x.to(device), y.to(device))
         if mine:
             total += torch.stack([ce * y.numel(), torch.tensor(float(y.numel()), device=device)])
         if progress is not None:

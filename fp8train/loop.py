@@ -12,7 +12,6 @@ import time
 import torch
 
 from .errors import EXIT_STOPPED, as_reported
-from .loss import lm_loss
 from .schedule import lr_at
 from .signals import StopRequests, Stopped
 
@@ -50,6 +49,13 @@ def train(cfg, requests: StopRequests) -> int:
     finally:
         if log is not None:
             log.finish(failed=failed)
+
+
+def step_loss(net, x: torch.Tensor, y: torch.Tensor):
+    """(loss, cross-entropy, weighted penalty) of one training micro-batch, computed by the
+    model (compiled with its forward: see model.py)."""
+    return net.model(x, y, penalty_type=net.loss.penalty_type,
+                     penalty_weight=net.loss.penalty_weight)
 
 
 class Trainer:
@@ -107,6 +113,8 @@ class Trainer:
         training, and the ETA is measured from here, after start-up and warm-up."""
         if self.acc.device.type == "cuda":
             torch.cuda.synchronize(self.acc.device)   # once: the step's real duration
+        if not logged:   # its compile is not the interval's speed: the row times steps 2-N
+            self.parts.meter.set_aside(self.st)
         if self.log.progress is not None:
             self.log.progress.first_step(self.st.step, seconds,
                                          None if logged else self.parts.meter.next_row(
@@ -167,9 +175,7 @@ class Trainer:
             y = y.to(self.acc.device, non_blocking=True)
             with self.acc.accumulate(net.model):  # no_sync except on the last micro-step
                 with net.prec.forward_context(training=True):
-                    logits = net.model(x)
-                loss, ce, penalty = lm_loss(logits, y, net.loss.penalty_type,
-                                            net.loss.penalty_weight)
+                    loss, ce, penalty = step_loss(net, x, y)
                 self.acc.backward(loss)            # divides by the accumulation steps
             net.prec.after_backward()
             step_ce = step_ce + ce.detach()

@@ -138,6 +138,7 @@ class Meter:
         self.peak = peak_flops(device_name(device)) if device.type == "cuda" else None
         self.clock = TrainClock(device)
         self.steps, self.data_wait, self.first = 0, 0.0, True
+        self.untimed = 0      # steps of this interval whose time went to train_seconds only
         self.carried = 0      # steps of this interval taken before the checkpoint resumed here
         self.last_steps = 0   # the steps of the interval last logged
         self.profiled = False  # a step of this interval ran under the profiler
@@ -164,6 +165,13 @@ class Meter:
         """The loop starts: the first interval's clock starts now."""
         self.clock.resume()
         self.steps, self.data_wait = 0, 0.0
+
+    def set_aside(self, st) -> None:
+        """The steps so far (the process's first: compilation, warm-up) count as training time
+        but not in this interval's tokens/s, step time and MFU, which then describe the steps
+        after them. Call after a host sync."""
+        st.train_seconds += self.clock.take()
+        self.untimed, self.data_wait = self.steps, 0.0
 
     def waited(self, seconds: float) -> None:
         """Host seconds spent waiting for a micro-batch."""
@@ -195,20 +203,21 @@ class Meter:
         """The interval's row (after its host sync); adds its time to the train state."""
         elapsed = self.clock.take()
         st.train_seconds += elapsed
+        timed = self.steps - self.untimed
         if not (self.first or self.profiled):
-            st.steady_tokens += self.tokens_per_step * self.steps
+            st.steady_tokens += self.tokens_per_step * timed
             st.steady_seconds += elapsed
         self.first = False
         row = {"step": st.step, "tokens": st.tokens, "train/loss": loss,
                "train/penalty": penalty, "train/total_loss": loss + penalty, "train/lr": lr,
                "train/grad_norm": grad_norm,
-               **throughput(self.tokens_per_step, self.steps, elapsed, self.world,
+               **throughput(self.tokens_per_step, timed, elapsed, self.world,
                             self.flops_per_token, self.peak),
                "train/data_wait_fraction":
                    min(1.0, self.data_wait / elapsed) if elapsed > 0 else 0.0}
         if self.profiled:
             row["train/profiled"] = 1
-        self.last_steps, self.steps, self.data_wait = self.pending, 0, 0.0
+        self.last_steps, self.steps, self.data_wait, self.untimed = self.pending, 0, 0.0, 0
         self.carried, self.profiled = 0, False
         return row
 

@@ -12,7 +12,6 @@ from . import autobatch
 from .batching import BatchPlan, manual_plan
 from .config import Config, origin_layer
 from .errors import ConfigError
-from .loss import lm_loss
 from .model import GPT
 from .optimizer import build_optimizer
 from .precision import Precision, build_precision
@@ -128,8 +127,8 @@ def _discover(cfg: Config, mcfg, prec: Precision, accelerator, run_dir: str,
             build_precision=lambda: build_precision(cfg, device, warn=lambda _: None,
                                                     run_dir=run_dir),
             build_optimizer=lambda m: build_optimizer(m, cfg),
-            loss_fn=lambda logits, x: lm_loss(logits, x, cfg.penalty_type,
-                                              cfg.penalty_weight)[0],
+            loss_fn=lambda model, x: model(x, x, penalty_type=cfg.penalty_type,
+                                           penalty_weight=cfg.penalty_weight)[0],
             cfg=cfg, vocab_size=mcfg.vocab_size, device=device, autocast=accelerator.autocast)
 
     def discover(act: bool, key: dict):

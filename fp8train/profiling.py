@@ -3,19 +3,37 @@ open: a Chrome/Perfetto trace per rank (CPU and CUDA activities, shapes, memory)
 <output_dir>/profile/, and on CUDA a memory snapshot of the same steps for
 https://pytorch.org/memory_viz. The profiled steps run slower (the profiler records every op),
 so the meter leaves their interval out of the run's steady-state tokens/s and marks its row.
+The snapshot records Python stacks only, one per allocation (MEMORY_HISTORY): its dump runs
+inside the loop on every rank, and with C++ stacks it can take minutes.
 
 The loop calls `before(step)` and `after(step)` around each step and `close()` at the end;
 everything else (when to start, when to stop and write, what to say) is decided here."""
 from __future__ import annotations
 
 import os
+import time
 from typing import Optional
 
 import torch
 
 # Allocation events kept for the memory snapshot: PyTorch's own example uses 100,000, enough
-# for a few steps of a large model.
+# for a few steps of a large model. It also bounds the dump: its cost grows with the events
+# whose stacks it symbolises (torch/csrc/cuda/memory_snapshot.cpp, _memory_snapshot_pickled).
 MEMORY_EVENTS = 100_000
+# What is recorded with each event (torch.cuda.memory._record_memory_history, checked in
+# torch 2.13's torch/cuda/memory.py and the C++ it calls):
+# - stacks="python": Python (and TorchScript/inductor) frames only. torch's default, "all",
+#   adds C++ frames, which the dump must symbolise inside the training loop: torchtitan
+#   measured a dump of ~461 s with "all" against ~4 s with "python" (DeepSeek-v3 16B, 8xH100,
+#   pytorch/torchtitan#3628), and the C++ unwinder can fail there outright ("RuntimeError:
+#   stoi", 0-byte pickles: pytorch/torchtitan#2991). The Python frames are the ones that say
+#   which line of the model allocated.
+# - context="alloc": a stack for each allocation, none for frees (the allocator gathers a
+#   free's stack only at "all": CUDACachingAllocator's free() asks for RecordContext::ALL).
+#   memory_viz's timeline shows each block with the stack that allocated it, and the dump has
+#   half the stacks to symbolise; "state" would keep stacks only for the blocks still live at
+#   the dump, not for the steps' activations.
+MEMORY_HISTORY = dict(context="alloc", stacks="python", max_entries=MEMORY_EVENTS)
 
 
 class StepProfiler:
@@ -50,7 +68,7 @@ class StepProfiler:
         if self.device.type == "cuda":
             activities.append(ProfilerActivity.CUDA)
             # The documented way to record allocations for memory_viz (no public name yet).
-            torch.cuda.memory._record_memory_history(max_entries=MEMORY_EVENTS)
+            torch.cuda.memory._record_memory_history(**MEMORY_HISTORY)
         self.first = step
         self.prof = profile(activities=activities, record_shapes=True, profile_memory=True)
         self.prof.__enter__()
@@ -82,9 +100,8 @@ class StepProfiler:
         files = [trace]
         if self.device.type == "cuda":
             snapshot = os.path.join(self.dir, f"memory_{steps}_rank{self.rank}.pickle")
-            torch.cuda.memory._dump_snapshot(snapshot)
-            torch.cuda.memory._record_memory_history(enabled=None)
-            files.append(snapshot)
+            if self._dump_memory(snapshot, steps):
+                files.append(snapshot)
         self.log.msg(f"profile of steps {self.first}-{self.window[1]} written to {self.dir}/: "
                      "open the trace in https://ui.perfetto.dev (or chrome://tracing)"
                      + (", the memory snapshot in https://pytorch.org/memory_viz"
@@ -93,6 +110,28 @@ class StepProfiler:
         if self.tracker is not None:
             for path in files:
                 self.tracker.save_file(path)
+
+    def _dump_memory(self, path: str, steps: str) -> bool:
+        """The memory snapshot, and recording stopped whatever happens (it costs every
+        allocation a stack). Every rank dumps its own at the same step, and the others wait for
+        the slowest at the next collective (the next step's gradient all-reduce at the latest),
+        under the process group's timeout (NCCL's default: 10 min, which fp8train does not
+        change). The ranks dump at once, so the wait is the difference between their dumps, and
+        each dump is bounded by MEMORY_EVENTS: with Python stacks, seconds (torchtitan: ~4 s for
+        a 16B model on 8xH100), far below the timeout. The time is in train.log. A dump that
+        fails is a warning, not the end of the run."""
+        started = time.perf_counter()
+        try:
+            torch.cuda.memory._dump_snapshot(path)
+        except Exception as e:   # a profiling file is not worth the run
+            self.log.warn(f"the memory snapshot of {steps.replace('_', ' ')} could not be "
+                          f"written to {path} ({type(e).__name__}: {e}); the trace is complete")
+            return False
+        finally:
+            torch.cuda.memory._record_memory_history(enabled=None)
+        self.log.file_only(f"memory snapshot written in {time.perf_counter() - started:.1f} s "
+                           f"({path})")
+        return True
 
     def _end_span(self) -> None:
         if self.span is not None:

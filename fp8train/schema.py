@@ -120,9 +120,10 @@ class Config:
         None, "where discovered micro-batches are cached (batch_probe.json); default output_dir",
         "batch", resume="free")
     batch_timing_budget_s: float = _key(
-        30.0, "seconds auto_batch_size may spend timing real steps at the micro-batches up to "
-        "the fit that divide the target, to take the fastest rather than the largest (0 = the "
-        "largest, untimed)",
+        30.0, "seconds of timed steps auto_batch_size may spend comparing the micro-batches up "
+        "to the fit that divide the target, to take the fastest rather than the largest; each "
+        "size's warm-up (its compile under compile: true) is not counted and is reported apart "
+        "(0 = the largest, untimed)",
         "batch", min=0.0, resume="free")
     batch_speed_tolerance: float = _key(
         0.03, "a smaller micro-batch is taken only when its tokens/s beat the larger one's by "

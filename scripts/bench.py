@@ -38,10 +38,22 @@ from fp8train.errors import EXIT_FAILED, EXIT_OK
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))   # where train_fp8.py is
 
-# The default fits its 9.5-minute budget (estimated in docs/gpu.md, "Benchmark"): one probe and
-# two compiled runs. --full is every preset × every precision, 32-55 minutes (estimated).
-GPU_SUITE = dict(presets="gpt2-124m", precisions="bf16,te", compile="on", steps=20, warmup=10,
-                 seq_len=1024, max_batch=64, budget_min=9.5)
+
+def default_fp8() -> str:
+    """The default suite's FP8 backend: Transformer Engine where it is installed, else torchao
+    (the FP8 most machines can install), else the native path, which needs no library."""
+    import importlib.util
+    for backend, module in (("te", "transformer_engine"), ("torchao", "torchao")):
+        if importlib.util.find_spec(module) is not None:
+            return backend
+    return "native"
+
+
+# The default: one probe and two compiled runs, bf16 and FP8 (docs/gpu.md, "Benchmark": about
+# 3-4 min on an H200, within its 9.5-minute budget). --full is every preset × every precision,
+# 32-55 minutes (estimated).
+GPU_SUITE = dict(presets="gpt2-124m", precisions=f"bf16,{default_fp8()}", compile="on",
+                 steps=20, warmup=10, seq_len=1024, max_batch=64, budget_min=9.5)
 FULL = dict(GPU_SUITE, presets="gpt2-124m,llama-350m,llama-1b",
             precisions="bf16,torchao,native,te", budget_min=60.0)
 QUICK = dict(presets="tiny", precisions="fp32,native,torchao", compile="off", steps=2,
@@ -54,7 +66,8 @@ def parse(argv):
                                 formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--presets", help=f"comma-separated model presets [{GPU_SUITE['presets']}]")
     p.add_argument("--precisions", help="comma-separated: bf16, fp32, te, torchao, native "
-                   f"(FP8 backends, bf16 elsewhere) [{GPU_SUITE['precisions']}]")
+                   f"(FP8 backends, bf16 elsewhere) [bf16 and te; torchao where TE is not "
+                   f"installed: here {GPU_SUITE['precisions']}]")
     p.add_argument("--compile", choices=("on", "off", "both"), help="[on]")
     p.add_argument("--steps", type=int, help="timed steps, a multiple of --warmup [20]")
     p.add_argument("--warmup", type=int, help="untimed steps first [10]")

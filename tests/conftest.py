@@ -29,6 +29,31 @@ def data_dir() -> str:
     return DATA_DIR
 
 
+def corpus_missing() -> "str | None":
+    """Why tinyshakespeare cannot be had without a download, or None."""
+    if (Path(DATA_DIR) / "tinyshakespeare.txt").is_file():
+        return None
+    return ("tinyshakespeare.txt not found (looked in $FP8TRAIN_DATA_DIR, the shared data folder "
+            "beside the checkout and ./data); the GPU tests never download it: put the file in "
+            "one of those folders")
+
+
+@pytest.fixture(scope="session")
+def gpu_corpus() -> str:
+    """The corpus of tests/gpu (gpu_support.needs_corpus): a test that cannot find it FAILS,
+    saying where it looked. On a GPU machine a skip reads as a pass. Session-scoped, so that it
+    runs before any module fixture that would train on the missing file."""
+    return require_corpus()
+
+
+def require_corpus() -> str:
+    """The data folder; fails the test (no traceback) when the corpus is not in it."""
+    why = corpus_missing()
+    if why:
+        pytest.fail(why, pytrace=False)
+    return DATA_DIR
+
+
 def run_train(*args, env=None, timeout=600) -> subprocess.CompletedProcess:
     """`python train_fp8.py ARGS` in a real subprocess, from the repository root."""
     full_env = dict(os.environ, FP8TRAIN_DATA_DIR=DATA_DIR, PYTHONUNBUFFERED="1")

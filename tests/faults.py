@@ -158,25 +158,25 @@ def _wrap(owner, name, setattr_=setattr, before=None, after=None):
 
 
 def install_step_faults(faults: "Faults") -> None:
-    """nan@: the loop's lm_loss, for the step the loop is running; kill@step: the gradient
+    """nan@: the loop's step_loss, for the step the loop is running; kill@step: the gradient
     clipping, after backward, before the update (and before the clip's collectives)."""
     from accelerate import Accelerator
 
     from fp8train import loop
     current = {"step": 0, "nan": False}
-    lm_loss = loop.lm_loss
+    step_loss = loop.step_loss
 
     def step_starts(trainer, *_):
         current["step"] = faults.current_step = trainer.st.step + 1
         current["nan"] = faults.nan_loss(current["step"])
 
     def nan_loss(*args, **kwargs):
-        loss, ce, penalty = lm_loss(*args, **kwargs)
+        loss, ce, penalty = step_loss(*args, **kwargs)
         if current["nan"]:
             loss, ce = loss * float("nan"), ce * float("nan")
         return loss, ce, penalty
 
-    loop.lm_loss = nan_loss
+    loop.step_loss = nan_loss
     _wrap(loop.Trainer, "train_step", before=step_starts)
     _wrap(Accelerator, "clip_grad_norm_", before=lambda *_, **__: faults.in_step(current["step"]))
 

@@ -538,3 +538,140 @@ def test_a_table_cut_short_by_the_budget_is_timed_again_with_another_budget(tmp_
     again = autobatch.choose_speed(more, fake_trial(st, calls), key, 17, torch.device("cpu"), 1,
                                    True, print)
     assert not again.cached and len(calls) >= 2
+
+
+# --- under torch.compile: compiling is a size's warm-up, not charged to the budget -------------
+
+def compiling(clock, tps, compile_s, timed_s):
+    """measure(micro) as under compile: each size first compiles (`compile_s` fake seconds, its
+    warm-up), then runs `timed_s` fake seconds of timed steps, and reports those."""
+    calls = []
+
+    def measure(micro):
+        calls.append(micro)
+        clock.now += compile_s + timed_s
+        return Timing(micro, tps[micro], micro * 1000, timed_s=timed_s)
+    return measure, calls
+
+
+def test_compiling_is_not_charged_to_the_budget():
+    """Each size compiles for 100 s, more than the whole 30 s budget, then runs 5 s of timed
+    steps: every size is timed (5 × 5 s), and each Timing says which seconds were which. Charged
+    with the whole call, as when compiling counted, only the largest was timed."""
+    tps = {16: 100, 8: 99, 4: 98, 2: 97, 1: 96}
+    clock = FakeClock()
+    measure, calls = compiling(clock, tps, compile_s=100, timed_s=5)
+    got, why = time_candidates(measure, [16, 8, 4, 2, 1], 30, clock)
+    assert calls == [16, 8, 4, 2, 1] and why == "" and clock.now == 525
+    assert [(t.timed_s, t.warmup_s) for t in got] == [(5, 100)] * 5
+    clock = FakeClock()
+    measure, calls = measuring(clock, tps, cost=105)   # the time not split: all of it charged
+    got, why = time_candidates(measure, [16, 8, 4, 2, 1], 30, clock)
+    assert calls == [16] and "cannot time a second micro-batch to compare" in why
+    assert (got[0].timed_s, got[0].warmup_s) == (105, 0)
+
+
+def compiling_trial(clock, step_times, compile_s, calls):
+    """A make_trial stand-in under compile: each timed trial compiles first (`compile_s` fake
+    seconds), then runs the timed micro-steps and the optimizer step its StepTimes say."""
+    def trial(micro):
+        return step_times[micro].peak
+
+    def timed(micro, steps):
+        calls.append(micro)
+        st = step_times[micro]
+        clock.now += compile_s + steps * st.micro_s + st.optimizer_s
+        return st
+    trial.timed = timed
+    return trial
+
+
+def test_choose_speed_under_compile_times_several_sizes_and_reports_compiling_apart(tmp_path):
+    """A 60 s compile per size against a 30 s budget: micro 16, 8, 4 and 2 are compiled and
+    timed (6.13 s of timed steps in all), micro 8 is taken (11% faster than 16), micro 2 (43%
+    slower than the best) ends the search; the 240 s of compiling are reported apart, in the
+    log, the table and the cache."""
+    st = {16: StepTimes(16 * 10**6, 1.0, 0.1), 8: StepTimes(8 * 10**6, 0.45, 0.1),
+          4: StepTimes(4 * 10**6, 0.26, 0.1), 2: StepTimes(2 * 10**6, 0.2, 0.1),
+          1: StepTimes(10**6, 0.2, 0.1)}
+    cfg = Config(target_effective_batch_size=64, max_batch_size=64, compile=True,
+                 output_dir=str(tmp_path))
+    clock, calls, said = FakeClock(), [], []
+    speed = autobatch.choose_speed(cfg, compiling_trial(clock, st, 60, calls), {"k": 1}, 17,
+                                   torch.device("cpu"), 1, True, said.append, clock=clock)
+    assert calls == [16, 8, 4, 2] and speed.micro == 8
+    assert "micro 2 was 43% slower than the best" in speed.stopped
+    assert [t.timed_s for t in speed.timings] == pytest.approx([3.1, 1.45, 0.88, 0.7])
+    assert [t.warmup_s for t in speed.timings] == pytest.approx([60] * 4)
+    assert speed.seconds == pytest.approx(6.13) and speed.warmup_seconds == pytest.approx(240)
+    assert any(x.startswith("batch timing: micro-batches 16, 8, 4, 2, 1 ") and
+               x.endswith("within 30 s of timed steps (each size compiles first, not counted)")
+               for x in said)
+    lines = autobatch.describe_speed(speed, 0.03)
+    assert lines[0].startswith("batch timing (6.1 s of timed steps + 240.0 s warm-up and "
+                               "compiling, not counted in the budget)")
+    assert lines[2].endswith("timed 1.45 s, warm-up 60.0 s  <- fastest")
+    (entry,) = probe_file(tmp_path)
+    table = entry["speed"]
+    assert (table["timed_s"], table["warmup_s"]) == (6.13, 240.0)
+    assert [(t["micro"], t["timed_s"], t["warmup_s"]) for t in table["timings"]] == \
+        [(16, 3.1, 60.0), (8, 1.45, 60.0), (4, 0.88, 60.0), (2, 0.7, 60.0)]
+    calls.clear()   # the next start reads the table, seconds included, and compiles nothing
+    again = autobatch.choose_speed(cfg, compiling_trial(clock, st, 60, calls), {"k": 1}, 17,
+                                   torch.device("cpu"), 1, True, said.append, clock=clock)
+    assert calls == [] and again.cached and again.micro == 8
+    assert autobatch.speed_table(again) == table["timings"]
+
+
+def test_timing_that_cannot_compare_two_sizes_says_so_in_one_line(tmp_path):
+    """One candidate: nothing is timed or compiled, one line says why. A budget that cannot
+    cover two sizes' timed steps (20 s each against 30 s): after the largest, no other size is
+    compiled, and the table says nothing was compared instead of calling it the fastest."""
+    st = {m: StepTimes(m * 10**6, 6.0, 2.0) for m in (16, 8, 4, 2, 1)}
+    clock, calls, said = FakeClock(), [], []
+    one = Config(target_effective_batch_size=7, compile=True, output_dir=str(tmp_path))
+    assert autobatch.choose_speed(one, compiling_trial(clock, st, 60, calls), {"k": 1}, 5,
+                                  torch.device("cpu"), 1, True, said.append, clock=clock) is None
+    assert calls == [] and said == [
+        "batch timing: skipped, nothing to compare: 1 is the only micro-batch up to the fit (5) "
+        "that divides the 7 sequences per rank"]
+    cfg = Config(target_effective_batch_size=64, max_batch_size=64, compile=True,
+                 output_dir=str(tmp_path))
+    speed = autobatch.choose_speed(cfg, compiling_trial(clock, st, 60, calls), {"k": 1}, 17,
+                                   torch.device("cpu"), 1, True, said.append, clock=clock)
+    assert calls == [16] and [t.micro for t in speed.timings] == [16] and speed.micro == 16
+    lines = autobatch.describe_speed(speed, 0.03)
+    assert not any("fastest" in x for x in lines)
+    assert lines[-1] == (
+        "  not timed: 8, 4, 2, 1 (the 30 s timing budget (batch_timing_budget_s) cannot time a "
+        "second micro-batch to compare: micro 16's timed steps took 20 s): nothing was "
+        "compared, micro 16 is kept")
+
+
+def test_a_compiled_run_times_two_sizes_with_a_budget_below_one_compile(tmp_path):
+    """`--compile=true --plan-only`, shrunk to one layer of 32 tokens and micro-batches 2 and 1,
+    each compiled for itself (as the run compiles its one size): their timed steps take about
+    0.01 s, a size's warm-up 0.3-0.4 s with a warm inductor cache and 15-20 s with a cold one,
+    so the 0.25 s budget could not pay for one compile. Both sizes are timed, the compiling
+    reported apart. 46 s with a cold inductor cache (most of it the probe's compiles), 8 s with
+    a warm one."""
+    out = tmp_path / "run"
+    # One thread: this model's steps take milliseconds, which OpenMP threads waiting on each
+    # other on a loaded 2-core machine turned into a quarter of a second.
+    r = run_train(*AUTO, "--compile=true", "--n_layer=1", "--seq_len=32", "--max_batch_size=2",
+                  "--batch_timing_budget_s=0.25", "--output_dir", out, "--plan-only",
+                  env={"OMP_NUM_THREADS": "1"})
+    assert r.returncode == 0, r.stderr[-2000:]
+    (entry,) = probe_file(out)
+    speed = entry["speed"]
+    assert entry["fitted_micro_batch"] == 2 and speed["candidates"] == [2, 1]
+    table = speed["timings"]
+    assert [t["micro"] for t in table] == [2, 1] and autobatch.BUDGET_KEY not in \
+        speed["stopped"], speed
+    assert all(t["tokens_per_sec"] > 0 and t["timed_s"] > 0 and t["warmup_s"] > 0
+               for t in table), table
+    assert speed["timed_s"] == pytest.approx(sum(t["timed_s"] for t in table), abs=0.02)
+    rows = [x for x in r.stdout.splitlines() if x.startswith("  micro")]
+    assert len(rows) == 2 and all("; timed " in x and ", warm-up " in x for x in rows), rows
+    assert "warm-up and compiling, not counted in the budget)" in r.stdout
+    assert "<- fastest" in r.stdout and "the fastest of 2 timed" in r.stdout

@@ -92,3 +92,29 @@ def test_the_eta_is_measured_after_the_first_step(capsys):
         in out
     h, m, s = map(int, re.search(r"step 55/100 .* ETA (\d+):(\d+):(\d+)", out).groups())
     assert 3 <= 3600 * h + 60 * m + s <= 12, out
+
+
+def test_the_first_row_times_the_steps_after_the_first():
+    """The process's first step (compilation, warm-up) is training time but not the first row's
+    speed: on an H200, llama-1b's first row said 2,392 tokens/s (3,425 ms/step) where the steps
+    after it ran at 117 ms, because its 33 s compile was averaged in."""
+    import time
+
+    import torch
+
+    from fp8train.metrics import Meter
+    from fp8train.train_state import TrainState
+    st, meter = TrainState(), Meter(5, 1000, 1, 0.0, torch.device("cpu"))
+    meter.start()
+    time.sleep(1.0)                 # step 1: the compile
+    meter.stepped()
+    meter.set_aside(st)
+    for _ in range(4):              # steps 2-5
+        time.sleep(0.05)
+        meter.stepped()
+    row = meter.row(st, 1.0, 0.0, 1e-3, 1.0)
+    assert 0.05 <= row["train/step_time"] < 0.15          # not (1.0 + 4 · 0.05) / 5 = 0.24
+    assert row["train/tokens_per_sec"] == pytest.approx(4000 / (4 * row["train/step_time"]))
+    assert st.train_seconds >= 1.2                          # every second counts as training
+    assert meter.last_steps == 5                            # the row's losses cover steps 1-5
+    assert st.steady_tokens == 0                            # the first row stays out of it

@@ -231,10 +231,10 @@ class GatheredWeightProbe(ScaleProbe):
     the underflow fraction is the share of zeros (a trained weight in high precision has
     essentially none)."""
 
-    def _measure(self, name: str, module: nn.Module, kind: str, t: torch.Tensor) -> dict:
+    def _measure(self, module: nn.Module, kind: str, t: torch.Tensor) -> dict:
         if kind != "weight":
-            return super()._measure(name, module, kind, t)
+            return super()._measure(module, kind, t)
         w = plain_weight(t.detach())
-        vals = super()._measure(name, module, kind, w)
+        vals = super()._measure(module, kind, w)
         vals["underflow_weight"] = (sample(w) == 0).float().mean()
         return vals

@@ -150,6 +150,42 @@ class LayerStats:
         return agg
 
 
+# The columns of a watched-step buffer ([layers, 12], written in place by the layers or the
+# scale probe, in compiled graphs too), in the order LayerStats reports them.
+FWD_STATS = ("fwd_scale_input", "fwd_scale_weight", "amax_input", "amax_weight",
+             "saturated_input", "underflow_input", "saturated_weight", "underflow_weight")
+BWD_STATS = ("bwd_scale_grad_output", "amax_grad_output", "saturated_grad_output",
+             "underflow_grad_output")
+N_FWD = len(FWD_STATS)
+
+
+class WatchedStats(LayerStats):
+    """The statistics of a watched step, read from a buffer of FWD_STATS + BWD_STATS columns
+    (attribute `attr` of `owner`, which may allocate it late) for the layers that ran a training
+    pass while watched (`seen`: layer index -> bool). The writers only store into the buffer
+    and into `seen`, never read them: torch.compile replays the stores without guarding on
+    their values."""
+
+    def __init__(self, names: list, owner: object, attr: str, seen: dict, per_layer: bool):
+        super().__init__(per_layer)
+        self.names, self.owner, self.attr, self.seen = names, owner, attr, seen
+
+    def clear(self) -> None:
+        super().clear()
+        for i in self.seen:
+            self.seen[i] = False
+
+    def collect(self) -> "OrderedDict[str, torch.Tensor]":
+        ran = [i for i, seen in self.seen.items() if seen]
+        if ran:
+            # a snapshot: the layers keep writing the buffer
+            vals = getattr(self.owner, self.attr).detach().clone()
+            for i in ran:
+                row = self.rows.setdefault(self.names[i], {})
+                row.update({k: vals[i, j] for j, k in enumerate(FWD_STATS + BWD_STATS)})
+        return super().collect()
+
+
 def _geomean(values: list) -> torch.Tensor:
     v = torch.stack(values).clamp_min(torch.finfo(torch.float32).tiny)
     return torch.exp(torch.log(v).mean())

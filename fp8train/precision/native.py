@@ -42,27 +42,19 @@ timing's trials do not reduce (they differ per rank)."""
 from __future__ import annotations
 
 import contextlib
-from collections import OrderedDict
 from typing import Optional
 
 import torch
 import torch.nn.functional as F
 from torch import nn
 
-from .base import Fp8Backend, LayerStats
+from .base import BWD_STATS, FWD_STATS, N_FWD, Fp8Backend, WatchedStats
 from .layers import replace_module
 from ..agreement import rank_world
 from .scaling import (FORMATS, FP8_MAX, current_scale, quant_stats, quantize,
                       update_delayed_scaling)
 
 INPUT, WEIGHT, GRAD_OUTPUT = 0, 1, 2
-
-# Columns of the watched-step buffer (fp8_state.watched), in the order LayerStats reports them.
-FWD_STATS = ("fwd_scale_input", "fwd_scale_weight", "amax_input", "amax_weight",
-             "saturated_input", "underflow_input", "saturated_weight", "underflow_weight")
-BWD_STATS = ("bwd_scale_grad_output", "amax_grad_output", "saturated_grad_output",
-             "underflow_grad_output")
-N_FWD = len(FWD_STATS)
 
 # accelerate's distributed types under which a layer's weight is whole between forwards.
 _WHOLE_WEIGHTS = ("NO", "MULTI_CPU", "MULTI_GPU", "MULTI_XPU", "MULTI_NPU", "MULTI_MLU")
@@ -99,31 +91,6 @@ def _finite(amax: torch.Tensor) -> torch.Tensor:
     return torch.nan_to_num(amax, nan=0.0, posinf=0.0, neginf=0.0)
 
 
-class _WatchedStats(LayerStats):
-    """The per-layer statistics of a watched step, read from `fp8_state.watched` (written by the
-    layers, in compiled graphs too) for the layers that ran an FP8 training pass."""
-
-    def __init__(self, state: "Fp8State", per_layer: bool):
-        super().__init__(per_layer)
-        self.state = state
-
-    def clear(self) -> None:
-        super().clear()
-        seen = self.state.seen
-        for i in seen:
-            seen[i] = False
-
-    def collect(self) -> "OrderedDict[str, torch.Tensor]":
-        st = self.state
-        ran = [i for i, seen in st.seen.items() if seen]
-        if ran:
-            vals = st.watched.detach().clone()  # a snapshot: the layers keep writing the buffer
-            for i in ran:
-                row = self.rows.setdefault(st.names[i], {})
-                row.update({k: vals[i, j] for j, k in enumerate(FWD_STATS + BWD_STATS)})
-        return super().collect()
-
-
 class Fp8State(nn.Module):
     def __init__(self, names: list, fp8_format: str = "hybrid", history_len: int = 1024,
                  margin: int = 0, algo: str = "max", emulate: bool = False,
@@ -148,7 +115,7 @@ class Fp8State(nn.Module):
         # Layer index -> recorded during the watch. Only ever stored to in a pass, never read
         # there: torch.compile replays the store without guarding on the values.
         self.seen = dict.fromkeys(range(n), False)
-        self.stats = _WatchedStats(self, per_layer_stats)
+        self.stats = WatchedStats(self.names, self, "watched", self.seen, per_layer_stats)
         # True once Native.after_prepare set up the weight cache: the layers then read their
         # FP8 weights from it (Fp8Linear.cast_weight fills it), instead of casting them.
         self.cache_weights = False

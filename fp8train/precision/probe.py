@@ -6,7 +6,13 @@ fractions that scale gives. Unwatched steps pay one Python branch per layer.
 A backend that scales each tile of a tensor on its own (Transformer Engine's block scaling)
 names the tile shape per tensor kind: its scale_fn then maps the grid of tile amaxes to the
 grid of tile scales, the scale reported is the median tile scale, and each sampled value is
-judged with its own tile's scale."""
+judged with its own tile's scale.
+
+The probe is written for torch.compile, like the native layers: the statistics go into one
+[layers, 12] buffer through in-place tensor ops, the forward's from a forward hook, the
+grad_output's from the backward of an identity op the hook puts after the layer's output (a
+tensor hook there would break the compiled graph at every layer). Watching is a Python flag: a
+watched step costs one recompilation, once, never one per layer or per step."""
 from __future__ import annotations
 
 from typing import Callable, Optional
@@ -14,7 +20,7 @@ from typing import Callable, Optional
 import torch
 from torch import nn
 
-from .base import LayerStats
+from .base import BWD_STATS, FWD_STATS, N_FWD, WatchedStats
 from .scaling import block_amax, quant_stats, quant_stats_blocks
 
 # scale_fn(module, kind, amax) -> the scale the backend applies to that tensor, where kind is
@@ -28,12 +34,16 @@ class ScaleProbe:
         """tiles: kind -> (rows, cols) of the tiles that kind is scaled by (TE's block
         scaling); kinds not named are scaled as a whole."""
         self.scale_fn, self.dtypes, self.tiles = scale_fn, dtypes, tiles or {}
-        self.stats = LayerStats(per_layer)
+        self.modules = list(modules.values())
+        self.values: Optional[torch.Tensor] = None   # [layers, 12], allocated when first watched
+        self.seen = dict.fromkeys(range(len(modules)), False)
+        self.stats = WatchedStats(list(modules), self, "values", self.seen, per_layer)
         self.watching = False
-        self.handles = [m.register_forward_hook(self._forward_hook(name))
-                        for name, m in modules.items()]
+        self.identity = _grad_output_probe(self)
+        self.handles = [m.register_forward_hook(self._forward_hook(i))
+                        for i, m in enumerate(self.modules)]
 
-    def _measure(self, name: str, module: nn.Module, kind: str, t: torch.Tensor) -> dict:
+    def _measure(self, module: nn.Module, kind: str, t: torch.Tensor) -> dict:
         t = t.detach()
         tile = self.tiles.get(kind)
         if tile is None:
@@ -52,20 +62,55 @@ class ScaleProbe:
         return {f"{prefix}_scale_{kind}": scale, f"amax_{kind}": amax,
                 f"saturated_{kind}": sat, f"underflow_{kind}": under}
 
-    def _forward_hook(self, name: str):
+    @torch.no_grad()
+    def _store(self, index: int, columns: tuple, vals: dict) -> None:
+        first = 0 if columns is FWD_STATS else N_FWD
+        row = torch.stack([vals[k].float().reshape(()) for k in columns])
+        self.values[index, first:first + len(columns)].copy_(row)
+
+    def _forward_hook(self, index: int):
         def hook(module, inputs, output):
             if not self.watching or not module.training or not torch.is_grad_enabled():
-                return
-            vals = self._measure(name, module, "input", inputs[0])
-            vals.update(self._measure(name, module, "weight", module.weight))
-            self.stats.record(name, **vals)
+                return None
+            vals = self._measure(module, "input", inputs[0])
+            vals.update(self._measure(module, "weight", module.weight))
+            self._store(index, FWD_STATS, vals)
+            self.seen[index] = True
             if isinstance(output, torch.Tensor) and output.requires_grad:
-                output.register_hook(
-                    lambda g: self.stats.record(name, **self._measure(name, module,
-                                                                       "grad_output", g)))
+                return self.identity.apply(output, self.values, index)
+            return None
         return hook
+
+    def grad_output(self, index: int, grad: torch.Tensor) -> None:
+        """Record the statistics of a watched layer's grad_output (called in backward)."""
+        vals = self._measure(self.modules[index], "grad_output", grad)
+        self._store(index, BWD_STATS, vals)
 
     def watch(self, on: bool) -> None:
         self.watching = on
         if on:
+            if self.values is None:
+                device = next(iter(self.modules[0].parameters())).device if self.modules \
+                    else torch.device("cpu")
+                self.values = torch.zeros(len(self.modules), N_FWD + len(BWD_STATS),
+                                          device=device)
             self.stats.clear()
+            self.values.zero_()
+
+
+def _grad_output_probe(probe: ScaleProbe):
+    """The identity, whose backward hands the gradient to `probe.grad_output`. A class per probe
+    (an autograd.Function under torch.compile takes tensors and constants, not arbitrary
+    objects); `values` is the probe's buffer, passed so that the graph sees the backward write
+    to it."""
+    class GradOutputProbe(torch.autograd.Function):
+        @staticmethod
+        def forward(ctx, y: torch.Tensor, values: torch.Tensor, index: int):
+            ctx.index = index
+            return y.view_as(y)
+
+        @staticmethod
+        def backward(ctx, grad: torch.Tensor):
+            probe.grad_output(ctx.index, grad)
+            return grad, None, None
+    return GradOutputProbe

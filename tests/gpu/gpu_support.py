@@ -2,10 +2,11 @@
 network, the corpus found without a download, and launching several processes.
 
 Skips: every test in tests/gpu is skipped only when CUDA is absent, or, on a CUDA machine, when
-what that test needs is missing: FP8 tensor cores (compute capability 8.9+), a second GPU, a
+what that test needs is missing: FP8 tensor cores (compute capability 8.9+), a second GPU, or a
 backend library that is not installed (a library that is installed but fails to import is a
-failure, not a skip), or the tinyshakespeare corpus. The conditions below are written so that on
-a machine without CUDA only "needs a CUDA GPU" applies, whatever else is missing there."""
+failure, not a skip). A missing tinyshakespeare corpus is a failure. The conditions below are
+written so that on a machine without CUDA only "needs a CUDA GPU" applies, whatever else is
+missing there."""
 from __future__ import annotations
 
 import importlib.util
@@ -56,19 +57,10 @@ def backend_skip(backend: str) -> None:
         pytest.skip(f"{module} is not installed: the {backend} backend cannot be tested")
 
 
-def corpus_missing() -> str | None:
-    """Why the GPU tests cannot have tinyshakespeare without a download, or None. The tests look
-    where tests/conftest.py looks (FP8TRAIN_DATA_DIR, the shared data folder beside the checkout,
-    ./data) and never download."""
-    if (Path(DATA_DIR) / "tinyshakespeare.txt").is_file():
-        return None
-    return ("tinyshakespeare.txt not found (looked in $FP8TRAIN_DATA_DIR, the shared data folder "
-            "beside the checkout and ./data); the GPU tests never download it: put the file in "
-            "one of those folders")
-
-
-needs_corpus = pytest.mark.skipif(CUDA and corpus_missing() is not None,
-                                  reason=corpus_missing() or "")
+# The corpus is never downloaded here, and a test that cannot find it fails (tests/conftest.py's
+# gpu_corpus fixture, which says where it looked): on a GPU box a skip reads as a pass. On a
+# machine without CUDA, needs_cuda skips first.
+needs_corpus = pytest.mark.usefixtures("gpu_corpus")
 
 OFFLINE_ENV = {"FP8TRAIN_OFFLINE": "1", "HF_HUB_OFFLINE": "1", "HF_DATASETS_OFFLINE": "1",
                "FP8TRAIN_DATA_DIR": DATA_DIR, "PYTHONUNBUFFERED": "1"}

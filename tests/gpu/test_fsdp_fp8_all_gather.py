@@ -1,5 +1,9 @@
-"""Two GPUs (skipped with fewer, without FP8 tensor cores or without torchao): FSDP2 all-gathers
-the torchao tensorwise weights in FP8 (key fp8_fsdp_all_gather), over NCCL, in the real trainer.
+"""FSDP2 all-gathers the torchao tensorwise weights in FP8 (key fp8_fsdp_all_gather), over NCCL,
+in the real trainer (skipped without FP8 tensor cores or without torchao).
+
+One GPU: `accelerate launch` with the FSDP2 config and one process runs the wrapper tensors,
+the parameter mapping and `_scaled_mm` on the gathered FP8 weights, and trains like the same
+run without FSDP (within 3%). The rest needs two GPUs (skipped with fewer):
 
 `accelerate launch --config_file accelerate_configs/fsdp_8xh100.yaml --num_processes 2` runs the
 tiny model in bf16 with --fp8_backend=torchao, once with the FP8 all-gather (the default under
@@ -26,16 +30,18 @@ import subprocess
 import sys
 
 import pytest
+import yaml
 
 if __name__ == "__main__":   # run by the launcher as a script: tests/conftest.py is one level up
     sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 from conftest import ROOT, tiny_args  # noqa: E402
 
 from gpu_support import (free_port, needs_corpus, needs_cuda, needs_fp8,  # noqa: E402
-                         needs_torchao, needs_two_gpus, offline_environ, train_rows, val_rows)
+                         needs_torchao, needs_two_gpus, offline_environ, run_train, train_rows,
+                         val_rows)
 
-pytestmark = [pytest.mark.gpu, pytest.mark.slow, needs_cuda, needs_two_gpus, needs_corpus,
-              needs_fp8, needs_torchao]
+pytestmark = [pytest.mark.gpu, pytest.mark.slow, needs_cuda, needs_corpus, needs_fp8,
+              needs_torchao]
 
 WORLD, STEPS = 2, 12
 RUN = dict(use_fp8="true", fp8_backend="torchao", fp8_fallback="error", fp8_layers="all",
@@ -44,10 +50,12 @@ RUN = dict(use_fp8="true", fp8_backend="torchao", fp8_fallback="error", fp8_laye
            eval_interval=6, checkpoint_interval=6, eval_sequences=32, eval_samples=0)
 
 
-def _launch(out_dir, run_dir, *extra, steps=STEPS) -> subprocess.CompletedProcess:
+def _launch(out_dir, run_dir, *extra, steps=STEPS, world=WORLD) -> subprocess.CompletedProcess:
+    """`accelerate launch` of the FSDP2 config with `world` processes (one process is FSDP2 too:
+    Accelerate launches FSDP through torchrun whatever the count)."""
     out_dir.mkdir(parents=True, exist_ok=True)
     return subprocess.run([sys.executable, "-m", "accelerate.commands.launch", "--config_file",
-                           "accelerate_configs/fsdp_8xh100.yaml", "--num_processes", str(WORLD),
+                           "accelerate_configs/fsdp_8xh100.yaml", "--num_processes", str(world),
                            "--main_process_port", str(free_port()),
                            "tests/gpu/test_fsdp_fp8_all_gather.py", str(out_dir),
                            *tiny_args(run_dir, max_steps=steps, **RUN), *extra],
@@ -77,6 +85,25 @@ def _losses(run_dir) -> dict:
     return {row["step"]: row["train/loss"] for row in train_rows(run_dir)}
 
 
+def test_one_process_fsdp2_gathers_fp8_weights_and_trains_like_the_run_without_fsdp(tmp_path):
+    r = _launch(tmp_path / "ranks", tmp_path / "fsdp", world=1)
+    assert r.returncode == 0, r.stdout[-2000:] + r.stderr[-3000:]
+    assert "FSDP2 all-gathers the weights in FP8" in r.stdout
+    rank = json.loads((tmp_path / "ranks" / "rank0.json").read_text())
+    first = rank["casts_before_first_step"]
+    assert rank["rc"] == 0 and rank["fp8_weight_elements_per_block"] > 0
+    assert first >= 8 and all(rank["precomputed"][first:]) and len(rank["precomputed"]) > first
+    derived = yaml.safe_load(open(tmp_path / "fsdp" / "config.yaml"))["derived"]
+    assert derived["fp8"] == "torchao" and derived["fp8_fsdp_all_gather"] is True
+    plain = run_train(*tiny_args(tmp_path / "plain", max_steps=STEPS, **RUN))
+    assert plain.returncode == 0, plain.stderr[-3000:]
+    a, b = _losses(tmp_path / "fsdp"), _losses(tmp_path / "plain")
+    assert sorted(a) == sorted(b) == [3, 6, 9, 12]
+    for step in a:
+        assert a[step] == pytest.approx(b[step], rel=3e-2), (step, a, b)
+
+
+@needs_two_gpus
 def test_fp8_all_gather_halves_the_weight_bytes_and_trains_like_the_bf16_gather(runs):
     fp8_dir, fp8_ranks, stdout = runs("fp8")
     bf16_dir, bf16_ranks, _ = runs("bf16-gather", "--fp8_fsdp_all_gather=false")
@@ -100,6 +127,7 @@ def test_fp8_all_gather_halves_the_weight_bytes_and_trains_like_the_bf16_gather(
         val_rows(bf16_dir)[-1]["val/loss"], rel=3e-2)
 
 
+@needs_two_gpus
 def test_fp8_all_gather_resumes_from_a_sharded_checkpoint(runs, tmp_path):
     straight, _, _ = runs("fp8")
     resumed = tmp_path / "resumed"
@@ -113,6 +141,7 @@ def test_fp8_all_gather_resumes_from_a_sharded_checkpoint(runs, tmp_path):
         assert a[step] == pytest.approx(b[step], rel=1e-3), (step, a, b)
 
 
+@needs_two_gpus
 def test_fp8_all_gather_under_compile(runs):
     eager, _, _ = runs("fp8")
     compiled, ranks, _ = runs("fp8-compiled", "--compile=true")
@@ -160,7 +189,8 @@ def _drive(out_dir: str, argv: list) -> int:
     def watched_prepare(self, *objs, **kw):
         model = next(o for o in objs if isinstance(o, torch.nn.Module))
         seen["fp8_weight_elements_per_block"] = sum(
-            p.numel() for p in model.blocks[0].parameters() if isinstance(p, Wrapped)) // WORLD
+            p.numel() for p in model.blocks[0].parameters() if isinstance(p, Wrapped)) // \
+            int(os.environ["WORLD_SIZE"])
         return prepare(self, *objs, **kw)
 
     accelerate.Accelerator.prepare = watched_prepare

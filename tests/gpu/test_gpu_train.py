@@ -89,3 +89,36 @@ def test_background_checkpoints_on_gpu_resume_like_the_uninterrupted_run(tmp_pat
     for x in resumed:
         if "train/loss" in x and x["step"] > 4:
             assert x["train/loss"] == pytest.approx(losses[x["step"]], rel=1e-5), x["step"]
+
+
+def test_a_background_checkpoint_on_gpu_overlaps_training_without_stalling_it(tmp_path):
+    """A state large enough for its write to take seconds (llama-350m: ~308M parameters, with
+    AdamW's moments ~3.7 GB in fp32) saved in the background every 10 steps: training goes on
+    during each write (its row counts the steps trained meanwhile), and the training thread is
+    never held up for long by the writer (safetensors 0.8+ and torch.save's storage writes
+    release the GIL: fp8train/write_stall.py); the stall is measured in the process itself
+    (`checkpoint/stall_max_s`). Bound: 0.25 s, as in the CPU test
+    (tests/test_checkpoint_stall.py); a writer holding the GIL stops training for seconds."""
+    import safetensors
+
+    from fp8train.write_stall import safetensors_holds_gil
+    if safetensors_holds_gil():
+        pytest.skip(f"safetensors {safetensors.__version__} holds the GIL while it writes: "
+                    "checkpoint_async is off with it (pip install 'safetensors>=0.8')")
+    out = tmp_path / "run"
+    r = run_train(*tiny_args(out, model="llama-350m", n_layer=24, max_steps=30, log_interval=5,
+                             eval_interval=100, eval_sequences=16, eval_samples=0,
+                             checkpoint_interval=10, keep_checkpoints=1,
+                             checkpoint_async="true"))
+    assert r.returncode == 0, r.stderr[-3000:]
+    rows = [json.loads(line) for line in open(out / "metrics.jsonl")]
+    saves = {x["step"]: x for x in rows if "checkpoint/save_s" in x}
+    assert sorted(saves) == [10, 20, 30], saves
+    for step in (10, 20):   # the background ones; 30, the last, is written before the run ends
+        row = saves[step]
+        assert row["checkpoint/size_gb"] > 3, row
+        assert row["checkpoint/overlap_steps"] >= 1, f"no step trained during the write: {row}"
+        assert 0 <= row["checkpoint/stall_max_s"] < 0.25, row
+    assert "checkpoint/stall_max_s" not in saves[30]
+    said = [line for line in r.stdout.splitlines() if "saved in the background" in line]
+    assert len(said) == 2 and all("during the write, stalled" in line for line in said), r.stdout
