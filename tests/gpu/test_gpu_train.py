@@ -33,6 +33,7 @@ def test_bf16_run_on_gpu_reports_memory_and_precision(tmp_path):
     assert cfg["derived"]["environment"]["gpu_name"] == torch.cuda.get_device_name()
 
 
+@pytest.mark.gpu_quick
 def test_resume_on_gpu_continues_the_step_count(tmp_path):
     out = tmp_path / "run"
     first = run_train(*tiny_args(out, max_steps=6, lr_decay_steps=12))
