@@ -9,7 +9,7 @@
 """
 import sys
 
-from fp8train.console import run_main
+from fp8train.observe.console import run_main
 from fp8train.sweep import main
 
 if __name__ == "__main__":

@@ -9,7 +9,7 @@
 import sys
 
 from fp8train.cli import main
-from fp8train.console import run_main
+from fp8train.observe.console import run_main
 
 if __name__ == "__main__":
     sys.exit(run_main(main))

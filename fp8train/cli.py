@@ -8,7 +8,7 @@ from __future__ import annotations
 import os
 import sys
 
-from .config import HelpRequested, help_text, load_config
+from .config.load import HelpRequested, help_text, load_config
 from .errors import EXIT_OK, ConfigError, report, run_reported
 
 
@@ -36,12 +36,13 @@ def main(argv: list[str] | None = None) -> int:
         return report(e, show=_is_rank0())
     # Must be set before torch initialises CUDA: fewer fragmentation OOMs on long runs.
     os.environ.setdefault("PYTORCH_CUDA_ALLOC_CONF", "expandable_segments:True")
-    from .batching import memory_hint
-    from .signals import StopRequests, Stopped
+    from .batch.plan import memory_hint
+    from .train.signals import Stopped, StopRequests
+
     # Stop signals are handled from here on, torch's import included (signals.py).
     with StopRequests(announce=_is_rank0()) as requests:
         try:
-            from .loop import train  # heavy imports only once the config is good
+            from .train.loop import train  # heavy imports only once the config is good
             return run_reported(lambda: train(cfg, requests), show=_is_rank0(),
                                 memory_hint=memory_hint(cfg))
         except Stopped as e:   # before the run's train.log was open

@@ -107,7 +107,7 @@ def error_line(e: BaseException) -> "str | None":
     """The line `report` prints for `e`; None for an exception that is not ours."""
     if exit_code(e) is None:
         return None
-    from .redaction import redact
+    from .observe.redaction import redact
     return f"error: {redact(str(e))}"
 
 

@@ -19,7 +19,7 @@ import torch.nn as nn
 import torch.nn.functional as F
 from torch.utils.checkpoint import checkpoint
 
-from .loss import lm_loss
+from .train.loss import lm_loss
 
 
 @dataclass(frozen=True)

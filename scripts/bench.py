@@ -332,5 +332,5 @@ def main(argv=None) -> int:
 
 
 if __name__ == "__main__":
-    from fp8train.console import run_main   # a closed stdout (| head): no traceback
+    from fp8train.observe.console import run_main  # a closed stdout (| head): no traceback
     sys.exit(run_main(main))

@@ -44,7 +44,7 @@ def build(preset: str, vocab: int):
     from accelerate import Accelerator
 
     from fp8train.model import GPT, model_config_from
-    from fp8train.optimizer import build_optimizer
+    from fp8train.train.optimizer import build_optimizer
     acc = Accelerator(cpu=not torch.cuda.is_available())
     model = GPT(model_config_from(preset, vocab, 1024)).to(acc.device)
     opt = build_optimizer(model, SimpleNamespace(weight_decay=0.1, learning_rate=1e-4,
@@ -59,9 +59,9 @@ def build(preset: str, vocab: int):
 
 
 def measure(acc, model, opt, out: str, repeats: int) -> list:
-    from fp8train.checkpoint import CheckpointManager, directory_bytes
-    from fp8train.host_copy import HostCopy
-    from fp8train.train_state import TrainState
+    from fp8train.checkpoint.host_copy import HostCopy
+    from fp8train.checkpoint.manager import CheckpointManager, directory_bytes
+    from fp8train.checkpoint.train_state import TrainState
     rows, copier = [], HostCopy()
     for mode in ("sync", "async"):
         manager = CheckpointManager(os.path.join(out, mode), keep=1)
@@ -122,5 +122,5 @@ def main(argv=None) -> int:
 
 
 if __name__ == "__main__":
-    from fp8train.console import run_main   # a closed stdout (| head): no traceback
+    from fp8train.observe.console import run_main  # a closed stdout (| head): no traceback
     sys.exit(run_main(main))

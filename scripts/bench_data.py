@@ -21,8 +21,8 @@ import numpy as np
 
 
 def _read(path, seq_len, micro, seconds, seed, out):
-    from fp8train.data import RandomWindows, ShardedTokens
-    from fp8train.shards import open_shard
+    from fp8train.data.loader import RandomWindows, ShardedTokens
+    from fp8train.data.shards import open_shard
     sampler = RandomWindows(ShardedTokens([open_shard(path)]), seq_len, seed)
     sampler.batch(0, micro)
     n, pos, t0 = 0, 0, time.perf_counter()
@@ -34,7 +34,7 @@ def _read(path, seq_len, micro, seconds, seed, out):
 
 
 def bench_loader(tokens, seq_len, micro, seconds, workdir):
-    from fp8train.shards import write_shard
+    from fp8train.data.shards import write_shard
     path = os.path.join(workdir, "bench_000000.bin")
     rng = np.random.default_rng(0)
     chunk = 50_000_000
@@ -60,7 +60,7 @@ def bench_loader(tokens, seq_len, micro, seconds, workdir):
 
 
 def bench_prepare(mb, workdir):
-    from fp8train.prepare import PrepareArgs, prepare
+    from fp8train.data.prepare import PrepareArgs, prepare
     src = os.path.join(workdir, "docs.jsonl")
     rng = np.random.default_rng(0)
     words = np.array("the of and to in a is that for it as was with be by on not he this "
@@ -112,5 +112,6 @@ def main():
 
 if __name__ == "__main__":
     import sys
-    from fp8train.console import run_main   # a closed stdout (| head): no traceback
+
+    from fp8train.observe.console import run_main  # a closed stdout (| head): no traceback
     sys.exit(run_main(main))

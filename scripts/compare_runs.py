@@ -27,9 +27,9 @@ import json
 import os
 import sys
 
+from fp8train.config.schema import Config
 from fp8train.errors import EXIT_OK, ConfigError, run_reported
-from fp8train.metrics_reader import first_reaching, load_rows, read_run_config, val_points
-from fp8train.schema import Config
+from fp8train.observe.metrics_reader import first_reaching, load_rows, read_run_config, val_points
 
 # (label, summary key or function of the summary, format)
 ROWS = [
@@ -343,5 +343,5 @@ def compare(a) -> int:
 
 
 if __name__ == "__main__":
-    from fp8train.console import run_main   # a closed stdout (| head): no traceback
+    from fp8train.observe.console import run_main  # a closed stdout (| head): no traceback
     sys.exit(run_main(main))

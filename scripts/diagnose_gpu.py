@@ -16,7 +16,7 @@ enough (a Transformer Engine built for another CUDA imports fine and fails at it
   (forward and backward, the way training calls it) agree with the bf16 reference;
 - attention: do SDPA's flash, memory-efficient and cuDNN kernels run here in bf16;
 - ceilings: bf16 and FP8 matmul TFLOP/s, device copy and pinned host-to-device GB/s. train/mfu
-  is measured against the datasheet peak in fp8train/metrics.py; the measured matmul ceiling
+  is measured against the datasheet peak in fp8train/observe/metrics.py; the measured matmul ceiling
   says how much of that peak this machine reaches at all, so an MFU of 40% reads as 40 of, say,
   70 reachable, not 40 of 100.
 
@@ -30,5 +30,5 @@ import sys
 from fp8train.diagnose import main
 
 if __name__ == "__main__":
-    from fp8train.console import run_main   # a closed stdout (| head): no traceback
+    from fp8train.observe.console import run_main  # a closed stdout (| head): no traceback
     sys.exit(run_main(main))

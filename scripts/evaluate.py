@@ -37,7 +37,7 @@ def main(argv=None) -> int:
         for key in ("eval_sequences", "batch_size"):
             if getattr(a, key) is not None and getattr(a, key) < 1:
                 raise ConfigError(f"--{key} must be at least 1")
-        from fp8train.evaluation import evaluate
+        from fp8train.evaluate.evaluation import evaluate
         quiet = (lambda m: print(m, file=sys.stderr)) if a.json else print
         r = evaluate(a.checkpoint, a.split, a.eval_sequences, a.whole, a.batch_size, a.data_dir,
                      a.dataset, a.device, log=quiet,
@@ -56,5 +56,5 @@ def main(argv=None) -> int:
 
 
 if __name__ == "__main__":
-    from fp8train.console import run_main   # a closed stdout (| head): no traceback
+    from fp8train.observe.console import run_main  # a closed stdout (| head): no traceback
     sys.exit(run_main(main))

@@ -31,7 +31,7 @@ def main(argv=None) -> int:
     from fp8train.errors import run_reported
 
     def body():
-        from fp8train.hf_export import export
+        from fp8train.evaluate.hf_export import export
         export(a.checkpoint, a.out_dir, a.dtype, tokenizer=not a.no_tokenizer,
                overwrite=a.overwrite, log=print, warn=lambda m: print(f"warning: {m}",
                                                                       file=sys.stderr))
@@ -40,5 +40,5 @@ def main(argv=None) -> int:
 
 
 if __name__ == "__main__":
-    from fp8train.console import run_main   # a closed stdout (| head): no traceback
+    from fp8train.observe.console import run_main  # a closed stdout (| head): no traceback
     sys.exit(run_main(main))

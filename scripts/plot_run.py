@@ -10,7 +10,7 @@ import re
 import sys
 
 from fp8train.errors import EXIT_OK, ConfigError, run_reported
-from fp8train.metrics_reader import load_rows, lr_schedule, read_run_config, resume_steps
+from fp8train.observe.metrics_reader import load_rows, lr_schedule, read_run_config, resume_steps
 
 LAYER_SCALE = re.compile(r"^fp8/(.+)/((?:fwd|bwd)_scale_\w+)$")
 MAX_NAMED_LAYERS = 12       # more per-layer lines than this: the extremes are named
@@ -253,5 +253,5 @@ def plot_run(a) -> int:
 
 
 if __name__ == "__main__":
-    from fp8train.console import run_main   # a closed stdout (| head): no traceback
+    from fp8train.observe.console import run_main  # a closed stdout (| head): no traceback
     sys.exit(run_main(main))

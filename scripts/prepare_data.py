@@ -107,8 +107,8 @@ def main(argv=None) -> int:
     except BrokenPipeError:  # --help into a closed pipe
         return 0
 
+    from fp8train.data.prepare import PROGRESS, PrepareArgs, prepare
     from fp8train.errors import EXIT_OK, EXIT_STOPPED, run_reported
-    from fp8train.prepare import PROGRESS, PrepareArgs, prepare
     data_dir = a.data_dir or os.environ.get("FP8TRAIN_DATA_DIR") or "data"
     out = a.output_dir or os.path.join(data_dir, a.name or _output_name(a.dataset))
 
@@ -136,5 +136,5 @@ def main(argv=None) -> int:
 
 
 if __name__ == "__main__":
-    from fp8train.console import run_main   # a closed stdout (| head): no traceback
+    from fp8train.observe.console import run_main  # a closed stdout (| head): no traceback
     sys.exit(run_main(main))

@@ -36,7 +36,7 @@ def main(argv=None) -> int:
                 raise ConfigError(f"--{key} must be at least {low}, got {getattr(a, key)}")
         if not a.temperature >= 0:
             raise ConfigError(f"--temperature must be 0 (greedy) or more, got {a.temperature}")
-        from fp8train.samples import sample_text
+        from fp8train.evaluate.samples import sample_text
         texts = sample_text(a.checkpoint, a.prompt, a.num_samples, a.max_new_tokens,
                             a.temperature, a.top_k, a.seed, a.device,
                             log=lambda m: print(m, file=sys.stderr),
@@ -51,5 +51,5 @@ def main(argv=None) -> int:
 
 
 if __name__ == "__main__":
-    from fp8train.console import run_main   # a closed stdout (| head): no traceback
+    from fp8train.observe.console import run_main  # a closed stdout (| head): no traceback
     sys.exit(run_main(main))

@@ -7,7 +7,7 @@ import argparse
 import sys
 
 from fp8train.errors import EXIT_OK, ConfigError, run_reported
-from fp8train.schedule import lr_at
+from fp8train.train.schedule import lr_at
 
 
 def main(argv=None) -> int:
@@ -65,5 +65,5 @@ def plot_schedule(a) -> int:
 
 
 if __name__ == "__main__":
-    from fp8train.console import run_main   # a closed stdout (| head): no traceback
+    from fp8train.observe.console import run_main  # a closed stdout (| head): no traceback
     sys.exit(run_main(main))

@@ -48,7 +48,7 @@ class Case:
 def prepared(d: Path, *, meta_edit=None, train_tokens=2000, val_tokens=500, tokenizer="byte",
              vocab=257, name="prep") -> Path:
     """A prepared dataset as scripts/prepare_data.py writes it (shards, then meta.json)."""
-    from fp8train.shards import write_meta, write_shard
+    from fp8train.data.shards import write_meta, write_shard
     out = d / name
     out.mkdir(parents=True)
     for split, n in (("train", train_tokens), ("val", val_tokens)):

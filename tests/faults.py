@@ -138,7 +138,7 @@ def install(faults: "Faults | None") -> None:
         return
     install_step_faults(faults)
     install_save_faults(faults)
-    from fp8train.evaluator import Evaluator
+    from fp8train.evaluate.evaluator import Evaluator
     _wrap(Evaluator, "run", before=lambda self, model, st, *_: faults.signal("eval", st.step))
 
 
@@ -162,7 +162,7 @@ def install_step_faults(faults: "Faults") -> None:
     clipping, after backward, before the update (and before the clip's collectives)."""
     from accelerate import Accelerator
 
-    from fp8train import loop
+    from fp8train.train import loop
     current = {"step": 0, "nan": False}
     step_loss = loop.step_loss
 
@@ -186,7 +186,7 @@ def install_save_faults(faults, setattr_=setattr) -> None:
     of the checkpoint writer: the state files written (no manifest), the manifest written
     (before the rename), renamed into place (before `latest` is updated). `setattr_`: pytest's
     monkeypatch.setattr for a test in this process."""
-    from fp8train.checkpoint import CheckpointManager as M
+    from fp8train.checkpoint.manager import CheckpointManager as M
     _wrap(M, "_write_state", setattr_, after=lambda self, acc, tmp, state, *_:
           faults.in_save(state.step, "state", tmp))
     _wrap(M, "_write_manifest", setattr_, after=lambda self, tmp, step, *_:

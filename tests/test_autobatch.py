@@ -14,12 +14,12 @@ import torch
 import yaml
 
 from conftest import DATA_DIR, ROOT, run_train
-from fp8train import autobatch
-from fp8train.autobatch import (Probe, StepTimes, Timing, combine_timings, fastest,
+from fp8train.batch import fit as autobatch
+from fp8train.batch.fit import (Probe, StepTimes, Timing, combine_timings, fastest,
                                 plan_from_fit, search_max_batch, speed_candidates,
                                 step_tokens_per_sec, time_candidates)
-from fp8train.config import Config, ConfigError, load_config
-from fp8train.schedule import scaled_lr
+from fp8train.config.load import Config, ConfigError, load_config
+from fp8train.train.schedule import scaled_lr
 
 
 def oom_above(n, bytes_per_seq=1000):
@@ -491,7 +491,7 @@ def test_choose_speed_times_once_then_reads_the_cache(tmp_path):
 def test_a_cache_entry_without_a_usable_fit_is_probed_again(tmp_path):
     """An entry holding timings but no fit (edited by hand, or written half) is a miss, not a
     KeyError that would stop every later run with this key."""
-    from fp8train.keyed_cache import write_entry
+    from fp8train.io import write_entry
     cfg = Config(max_batch_size=8, probe_memory_limit_gb=1.0, output_dir=str(tmp_path))
     key = {"k": 1}
     for broken in ({"speed": {"per_rank": 8}}, {"fitted_micro_batch": "7"},

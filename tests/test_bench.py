@@ -81,7 +81,7 @@ def test_default_suite_is_small_and_probes_once_per_preset():
 
 
 def test_synthetic_stream_is_fixed_and_learnable():
-    from fp8train.data import SYNTHETIC_VOCAB, synthetic_splits
+    from fp8train.data.loader import SYNTHETIC_VOCAB, synthetic_splits
     a, b = synthetic_splits(1 << 16, 1 << 12), synthetic_splits(1 << 16, 1 << 12)
     assert np.array_equal(a.train, b.train) and len(a.train) == 1 << 16
     assert a.vocab_size == SYNTHETIC_VOCAB and a.train.max() < SYNTHETIC_VOCAB

@@ -4,8 +4,8 @@ import os
 
 import pytest
 
-from fp8train.checkpoint import CheckpointManager, TrainState, resolve_resume
-from fp8train.config import ConfigError
+from fp8train.checkpoint.manager import CheckpointManager, TrainState, resolve_resume
+from fp8train.config.load import ConfigError
 
 
 @pytest.fixture(autouse=True)
@@ -71,8 +71,8 @@ def test_resolve_resume(tmp_path):
 
 
 def test_changed_on_resume_reports_only_keys_that_change_training(tmp_path):
-    from fp8train import config as C
-    from fp8train.checkpoint import CONFIG_NAME, changed_on_resume
+    from fp8train.config import load as C
+    from fp8train.checkpoint.manager import CONFIG_NAME, changed_on_resume
     cfg = C.load_config(["--max_steps=100", "--warmup_steps=10"])
     (tmp_path / CONFIG_NAME).write_text(C.dump_yaml(cfg, {"world_size": 1}))
     now = C.to_dict(cfg)
@@ -86,7 +86,7 @@ def test_changed_on_resume_reports_only_keys_that_change_training(tmp_path):
 def test_train_clock_excludes_paused_time():
     import time
     import torch
-    from fp8train.metrics import TrainClock as _TrainClock
+    from fp8train.observe.metrics import TrainClock as _TrainClock
     clock = _TrainClock(torch.device("cpu"))
     time.sleep(0.05)
     clock.pause()
@@ -100,7 +100,7 @@ def test_train_clock_excludes_paused_time():
 
 def test_manifest_verification_catches_every_kind_of_damage(tmp_path):
     import json
-    from fp8train.checkpoint import MANIFEST, _checksums, verify
+    from fp8train.checkpoint.manager import MANIFEST, _checksums, verify
     d = tmp_path / "step_0000001"
     d.mkdir()
     (d / "model.safetensors").write_bytes(b"weights" * 100)
@@ -131,8 +131,8 @@ def test_candidates_newest_first_and_partial_writes_removed(tmp_path):
 
 
 def test_config_hash_ignores_harmless_keys_only():
-    from fp8train import config as C
-    from fp8train.checkpoint import config_hash
+    from fp8train.config import load as C
+    from fp8train.checkpoint.manager import config_hash
     base = C.to_dict(C.load_config(["--max_steps=100", "--warmup_steps=10"]))
     h = config_hash(base)
     assert config_hash({**base, "log_interval": 1, "max_steps": 5000, "output_dir": "x"}) == h
@@ -142,8 +142,8 @@ def test_config_hash_ignores_harmless_keys_only():
 
 
 def test_changed_on_resume_compares_data_size_and_effective_batch(tmp_path):
-    from fp8train import config as C
-    from fp8train.checkpoint import CONFIG_NAME, changed_on_resume
+    from fp8train.config import load as C
+    from fp8train.checkpoint.manager import CONFIG_NAME, changed_on_resume
     cfg = C.load_config(["--max_steps=100", "--warmup_steps=10"])
     data = {"train_tokens": 1000, "val_tokens": 100, "vocab_size": 256}
     (tmp_path / CONFIG_NAME).write_text(
@@ -190,7 +190,7 @@ class _Phases:
 
 def test_train_state_round_trips_through_json_exactly():
     import json
-    from fp8train.checkpoint import TrainState
+    from fp8train.checkpoint.manager import TrainState
     st = TrainState()
     st.step, st.tokens, st.data_position, st.fp8_off = 7, 7168, 112, True
     st.train_seconds, st.best_val_loss, st.best_val_step = 0.1 + 0.2, 3.866330146789551, 6
@@ -205,7 +205,7 @@ def test_train_state_round_trips_through_json_exactly():
 def test_save_writes_in_four_phases_and_restore_reads_the_json(tmp_path, monkeypatch):
     import json
     from faults import install_save_faults
-    from fp8train.checkpoint import MANIFEST, TRAIN_STATE, TrainState, verify
+    from fp8train.checkpoint.manager import MANIFEST, TRAIN_STATE, TrainState, verify
     phases = _Phases(str(tmp_path))
     install_save_faults(phases, monkeypatch.setattr)   # observes the phases as faults would
     m = CheckpointManager(str(tmp_path), keep=3)
@@ -229,7 +229,7 @@ def test_save_writes_in_four_phases_and_restore_reads_the_json(tmp_path, monkeyp
 
 def test_restore_refuses_another_format_before_loading_anything(tmp_path):
     import json
-    from fp8train.checkpoint import MANIFEST, TRAIN_STATE, TrainState
+    from fp8train.checkpoint.manager import MANIFEST, TRAIN_STATE, TrainState
     m = CheckpointManager(str(tmp_path), keep=3)
     acc, st = _OneProcess(), TrainState()
     st.step = 5
@@ -355,7 +355,7 @@ def test_a_checkpoint_named_explicitly_is_never_replaced_by_another(tmp_path):
 
 
 def test_resume_paths_that_hold_no_checkpoint_say_what_was_looked_for(tmp_path):
-    from fp8train.checkpoint import path_problem
+    from fp8train.checkpoint.manager import path_problem
     saved(tmp_path / "runs" / "test_fp8", 1, 2)
     runs, ck = tmp_path / "runs", tmp_path / "runs" / "test_fp8" / "checkpoints"
     (runs / "empty" / "checkpoints").mkdir(parents=True)
@@ -475,7 +475,7 @@ def test_a_read_error_that_proves_nothing_moves_no_checkpoint_aside(tmp_path, mo
     where a missing file would have been passed over."""
     import errno
 
-    import fp8train.checkpoint as ckpt
+    import fp8train.checkpoint.manager as ckpt
     m = saved(tmp_path, 1, 2)
     newest = str(tmp_path / "checkpoints" / "step_0000002")
     real = {"listdir": os.listdir, "open": open}[where]
@@ -501,7 +501,7 @@ def test_host_copy_is_taken_at_once_keeps_tied_tensors_tied_and_reuses_its_buffe
     from collections import OrderedDict
 
     import torch
-    from fp8train.host_copy import HostCopy
+    from fp8train.checkpoint.host_copy import HostCopy
     w = torch.randn(4, 3)
     flat = torch.arange(6.0)
     model = OrderedDict(wte=w, head=w.detach(), view=flat[2:5], n=3)   # head tied to wte
@@ -539,8 +539,8 @@ def test_a_background_save_writes_what_save_state_writes_as_of_its_step(tmp_path
 
     import torch
     from accelerate import Accelerator
-    from fp8train.checkpoint import MANIFEST, read_manifest, verify
-    from fp8train.host_copy import HostCopy
+    from fp8train.checkpoint.manager import MANIFEST, read_manifest, verify
+    from fp8train.checkpoint.host_copy import HostCopy
     from fp8train.model import GPT, ModelConfig
     torch.manual_seed(0)
     model = GPT(ModelConfig(arch="gpt2", n_layer=1, n_head=2, n_embd=16, ffn_hidden_size=32,
@@ -591,7 +591,7 @@ def test_a_failed_background_write_leaves_nothing_and_is_agreed_at_the_wait(tmp_
 
     import torch
     from accelerate import Accelerator
-    from fp8train.host_copy import HostCopy
+    from fp8train.checkpoint.host_copy import HostCopy
     acc = Accelerator(cpu=True)
     lin = torch.nn.Linear(2, 2)
     lin, opt = acc.prepare(lin, torch.optim.AdamW(lin.parameters()))
@@ -646,7 +646,7 @@ SHOW_JOB_22_05 = (
 
 def test_signal_specs_and_batch_scripts_parse_as_sbatch_reads_them():
     from conftest import ROOT
-    from fp8train.stop_window import parse_signal, signal_in_script, signal_in_submit_line
+    from fp8train.checkpoint.stop_window import parse_signal, signal_in_script, signal_in_submit_line
     assert [parse_signal(s) for s in ("B:USR1@120", "USR1@90", "R:10@300", "SIGTERM@5",
                                       "RB:USR2@7", "USR1", "B:USR1@", "@120", "")] == \
         [120, 90, 300, 5, 7, 60, None, None, None]
@@ -663,7 +663,7 @@ def test_signal_specs_and_batch_scripts_parse_as_sbatch_reads_them():
 
 def test_the_window_is_the_key_else_the_slurm_jobs_signal_and_never_an_error():
     from conftest import ROOT
-    from fp8train.stop_window import find_window
+    from fp8train.checkpoint.stop_window import find_window
     script = (ROOT / "submit_fp8.sh").read_text()
     show_job = SHOW_JOB_22_05
     calls = []
@@ -697,7 +697,7 @@ def test_the_window_is_the_key_else_the_slurm_jobs_signal_and_never_an_error():
 
 def _checkpointer(tmp_path, layout="NO", window=(None, "unknown"), resumed=None, **keys):
     from types import SimpleNamespace
-    from fp8train.checkpointer import Checkpointer
+    from fp8train.checkpoint.checkpointer import Checkpointer
     said = []
     log = SimpleNamespace(warn=lambda m: said.append("WARNING: " + m), msg=said.append,
                           file_only=lambda m: said.append("file: " + m), log=said.append)
@@ -763,7 +763,7 @@ def _async_checkpointer(tmp_path):
 
     import torch
     from accelerate import Accelerator
-    from fp8train.checkpointer import Checkpointer
+    from fp8train.checkpoint.checkpointer import Checkpointer
     acc = Accelerator(cpu=True)
     lin = torch.nn.Linear(2, 2)
     lin, opt = acc.prepare(lin, torch.optim.AdamW(lin.parameters()))
@@ -781,8 +781,8 @@ def test_a_host_copy_that_fails_turns_async_off_and_saves_now(tmp_path, monkeypa
     """The copy into host memory fails (on a GPU: the pinned-memory allocation, which cannot
     happen here, so HostCopy.copy is made to raise as CUDA's allocator does): that checkpoint is
     written synchronously at once, with one warning, and so is every later one."""
-    from fp8train.checkpoint import read_manifest
-    from fp8train.host_copy import HostCopy
+    from fp8train.checkpoint.manager import read_manifest
+    from fp8train.checkpoint.host_copy import HostCopy
 
     def no_pinned_memory(self, obj):
         raise RuntimeError("CUDA error: out of memory (cudaHostAlloc)")
@@ -805,7 +805,7 @@ def test_a_failed_background_write_at_the_end_is_written_again(tmp_path, monkeyp
     """A stop that came while a background save was being started ends the run at that step;
     the write then fails in its thread: nothing trained since, so the run's last wait writes the
     same step again, synchronously, instead of ending with exit 1 and losing it."""
-    from fp8train.checkpoint import read_manifest
+    from fp8train.checkpoint.manager import read_manifest
     failures = []
 
     def full_once(self, tmp, step, optimizers):

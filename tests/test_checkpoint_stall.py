@@ -2,7 +2,7 @@
 the write must not hold the GIL (safetensors 0.8+, torch.save's storage writes), each background
 save measures the longest stall it caused (`checkpoint/stall_max_s`) and the steps trained
 meanwhile (`checkpoint/overlap_steps`), and a safetensors that would hold the GIL turns
-checkpoint_async off at start with one warning. Measured numbers: fp8train/write_stall.py."""
+checkpoint_async off at start with one warning. Measured numbers: fp8train/checkpoint/write_stall.py."""
 import os
 import re
 import threading
@@ -11,7 +11,7 @@ from types import SimpleNamespace
 
 import pytest
 
-from fp8train.checkpoint import CheckpointManager, TrainState
+from fp8train.checkpoint.manager import CheckpointManager, TrainState
 
 
 @pytest.fixture(autouse=True)
@@ -48,8 +48,8 @@ def test_a_background_save_of_1_gb_leaves_the_training_thread_running(tmp_path):
     bound, 0.25 s, leaves the loaded machine 8x margin and fails that writer 3x over."""
     import torch
     from accelerate import Accelerator
-    from fp8train.checkpoint import verify
-    from fp8train.host_copy import HostCopy
+    from fp8train.checkpoint.manager import verify
+    from fp8train.checkpoint.host_copy import HostCopy
     torch.manual_seed(0)
     model = torch.nn.Sequential(*[torch.nn.Linear(4096, 4096, bias=False) for _ in range(5)])
     opt = torch.optim.AdamW(model.parameters(), lr=1e-4)
@@ -82,7 +82,7 @@ def test_the_stall_watch_sees_a_writer_that_holds_the_gil():
     of its longest hold (measured: 0.16 s seen for a 0.18 s copy of 256 MiB; the writer's own
     timing also holds moments where it lets go of the GIL)."""
     import numpy as np
-    from fp8train.write_stall import StallWatch
+    from fp8train.checkpoint.write_stall import StallWatch
     arr = np.ones(256 << 20, dtype=np.uint8)
     holds = []
 
@@ -107,13 +107,13 @@ def test_the_stall_watch_sees_a_writer_that_holds_the_gil():
                                             ("0.8.0rc0", False), ("0.10.1", False),
                                             ("1.0.0", False)])
 def test_which_safetensors_holds_the_gil(version, holds):
-    from fp8train.write_stall import safetensors_holds_gil
+    from fp8train.checkpoint.write_stall import safetensors_holds_gil
     assert safetensors_holds_gil(version) == (version if holds else None)
 
 
 def test_the_installed_safetensors_writes_without_the_gil():
     import safetensors
-    from fp8train.write_stall import safetensors_holds_gil
+    from fp8train.checkpoint.write_stall import safetensors_holds_gil
     assert safetensors_holds_gil() is None, safetensors.__version__
 
 
@@ -121,7 +121,7 @@ def _checkpointer(tmp_path, **keys):
     """A Checkpointer over a real Accelerator and a prepared Linear, and what it says."""
     import torch
     from accelerate import Accelerator
-    from fp8train.checkpointer import Checkpointer
+    from fp8train.checkpoint.checkpointer import Checkpointer
     acc = Accelerator(cpu=True)
     lin = torch.nn.Linear(2, 2)
     lin, opt = acc.prepare(lin, torch.optim.AdamW(lin.parameters()))
@@ -137,7 +137,7 @@ def _checkpointer(tmp_path, **keys):
 
 def test_an_old_safetensors_turns_checkpoint_async_off_with_one_warning(tmp_path, monkeypatch):
     import safetensors
-    from fp8train.checkpoint import read_manifest
+    from fp8train.checkpoint.manager import read_manifest
     monkeypatch.setattr(safetensors, "__version__", "0.7.0")
     c, said, rows = _checkpointer(tmp_path)
     assert not c.background and c.copier is None

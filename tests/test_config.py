@@ -9,9 +9,9 @@ import pytest
 import yaml
 
 from conftest import ROOT
-from fp8train import config as C
-from fp8train.batching import BatchPlan, manual_plan
-from fp8train.config import ConfigError, load_config
+from fp8train.config import load as C
+from fp8train.batch.plan import BatchPlan, manual_plan
+from fp8train.config.load import ConfigError, load_config
 
 
 def write(tmp_path, text, name="x.yaml"):
@@ -285,7 +285,7 @@ def test_config_reference_documents_every_key():
 # --- a warmup longer than the run ----------------------------------------------------------------
 
 def test_warmup_longer_than_an_epoch_driven_run_is_shortened():
-    from fp8train.planning import run_length
+    from fp8train.batch.decide import run_length
     cfg = load_config(["--dataset=synthetic", "--num_epochs=1"])     # warmup: the default 2000
     sched = run_length(cfg, train_tokens=50 * 8 * cfg.seq_len, plan=BatchPlan(8, 1, 1))
     assert (sched.total_steps, sched.lr_steps, sched.warmup_steps) == (50, 50, 5)
@@ -322,7 +322,7 @@ def test_short_run_of_a_config_shortens_its_warmup_and_records_it(tmp_path, data
 
 def test_fp8_recipe_defaults_per_backend_and_is_recorded_resolved(tmp_path):
     """fp8_recipe unset means the backend's own default, and config.yaml records which."""
-    from fp8train.schema import FP8_RECIPES
+    from fp8train.config.schema import FP8_RECIPES
     assert {b: C.Config(fp8_backend=b).fp8_recipe for b in FP8_RECIPES} == \
         {"te": "delayed", "torchao": "tensorwise", "native": "delayed"}
     cfg = load_config(["--config", "configs/test_fp8.yaml", f"--output_dir={tmp_path}"])
@@ -334,8 +334,8 @@ def test_a_saved_config_from_before_recipes_per_backend_resumes_unchanged(tmp_pa
     """config.yaml files written before fp8_recipe covered every backend recorded torchao's
     default 'tensorwise' under te and native too; resuming such a run is no config change, while
     a real recipe change still is."""
-    from fp8train.checkpoint import changed_on_resume
-    from fp8train.schema import to_dict
+    from fp8train.checkpoint.manager import changed_on_resume
+    from fp8train.config.schema import to_dict
     old = to_dict(C.Config(use_fp8=True, fp8_backend="te"))
     old["fp8_recipe"] = "tensorwise"
     (tmp_path / "config.yaml").write_text(yaml.safe_dump(old))

@@ -24,14 +24,14 @@ from torch import nn
 from torch._subclasses.fake_tensor import FakeTensorMode
 
 from cuda_trace import KernelRecorder, KernelRuleError, backward, fake_cuda, is_row_major
-from fp8train.config import Config
-from fp8train.health import Health
-from fp8train.loss import lm_loss
+from fp8train.config.load import Config
+from fp8train.train.health import Health
+from fp8train.train.loss import lm_loss
 from fp8train.model import GPT, model_config_from
 from fp8train.precision.ao import TorchAO
 from fp8train.precision.native import Fp8Linear, Fp8State, Native
 from fp8train.precision.plain import BF16
-from fp8train.optimizer import build_optimizer
+from fp8train.train.optimizer import build_optimizer
 
 # torchao asks for the autocast dtype the deprecated way.
 pytestmark = pytest.mark.filterwarnings("ignore:torch.get_autocast_gpu_dtype:DeprecationWarning")

@@ -4,8 +4,8 @@ import os
 import numpy as np
 import pytest
 
-from fp8train.config import ConfigError
-from fp8train.data import (ByteTokenizer, RandomWindows, build_tokenizer, corpus_path,
+from fp8train.config.load import ConfigError
+from fp8train.data.loader import (ByteTokenizer, RandomWindows, build_tokenizer, corpus_path,
                            load_tokens, val_batches)
 
 
@@ -33,7 +33,7 @@ def test_missing_corpus_offline_names_the_path(tmp_path, monkeypatch):
 
 
 def test_unprepared_large_dataset_is_a_clear_error(tmp_path):
-    from fp8train.data import load_prepared, prepared_dir
+    from fp8train.data.loader import load_prepared, prepared_dir
     d = prepared_dir("fineweb-edu", str(tmp_path))
     with pytest.raises(ConfigError, match=r"dataset 'fineweb-edu' is not prepared: .* run: "
                                           r"python scripts/prepare_data.py --dataset fineweb-edu "
@@ -117,7 +117,7 @@ def local_server(tmp_path):
 
 def test_download_checks_the_checksum_and_writes_atomically(tmp_path, local_server, data_dir,
                                                              monkeypatch):
-    import fp8train.data as D
+    import fp8train.data.loader as D
     root, url = local_server
     monkeypatch.delenv("FP8TRAIN_OFFLINE", raising=False)
     monkeypatch.delenv("HF_HUB_OFFLINE", raising=False)
@@ -138,7 +138,7 @@ def test_download_checks_the_checksum_and_writes_atomically(tmp_path, local_serv
 # --- what `dataset` names: resolved against data_dir, files that are not text refused -------------
 
 def _prepared(root, name="mycorpus", train=2000, val=500, vocab=257):
-    from fp8train.shards import write_meta, write_shard
+    from fp8train.data.shards import write_meta, write_shard
     out = root / name
     out.mkdir(parents=True)
     for split, n in (("train", train), ("val", val)):
@@ -150,7 +150,7 @@ def _prepared(root, name="mycorpus", train=2000, val=500, vocab=257):
 
 
 def test_a_prepared_name_is_found_under_data_dir_and_recorded_as_its_path(tmp_path, monkeypatch):
-    from fp8train.config import dump_yaml, load_config
+    from fp8train.config.load import dump_yaml, load_config
     store = tmp_path / "store"
     _prepared(store)
     (store / "notes.txt").write_text("hello world\n" * 100)
@@ -176,7 +176,7 @@ def test_the_suggested_prepare_command_works(tmp_path, monkeypatch):
     import shlex
     import subprocess
     import sys
-    from fp8train.data_source import dataset_error, resolved_dataset
+    from fp8train.data.sources import dataset_error, resolved_dataset
     from conftest import ROOT
     src = tmp_path / "docs.jsonl"
     src.write_text("".join('{"body": "document %d. %s"}\n' % (i, "words " * 30)
@@ -195,7 +195,7 @@ def test_the_suggested_prepare_command_works(tmp_path, monkeypatch):
 
 
 def test_plain_text_is_accepted_and_binary_text_is_not(tmp_path):
-    from fp8train.data_source import dataset_error
+    from fp8train.data.sources import dataset_error
     ok = tmp_path / "ok.txt"
     ok.write_text("café — naïve {braces} are fine in prose\n" * 5000)   # > one sniffed block
     assert dataset_error(str(ok), "data", "byte") is None
@@ -216,8 +216,8 @@ def _put_token(shard, position, value):
 
 
 def test_body_token_ids_are_scanned_once_and_rescanned_when_a_shard_changes(tmp_path):
-    from fp8train.data import load_prepared
-    from fp8train.shards import CHECKED_FILE
+    from fp8train.data.loader import load_prepared
+    from fp8train.data.shards import CHECKED_FILE
     d = _prepared(tmp_path)
     said = []
     load = lambda: load_prepared(str(d), str(d), str(tmp_path), "byte", 32, log=said.append)
@@ -239,8 +239,8 @@ def test_body_token_ids_are_scanned_once_and_rescanned_when_a_shard_changes(tmp_
 def test_a_dataset_whose_record_cannot_be_written_is_still_checked(tmp_path):
     """A read-only copy (a shared filesystem) cannot hold the record: every run scans, and says
     so. Made unwritable by a directory in the record's place, which holds even for root."""
-    from fp8train.data import load_prepared
-    from fp8train.shards import CHECKED_FILE
+    from fp8train.data.loader import load_prepared
+    from fp8train.data.shards import CHECKED_FILE
     d = _prepared(tmp_path)
     (d / CHECKED_FILE).mkdir()
     _put_token(d / "val_000000.bin", 7, 400)
@@ -283,7 +283,7 @@ def torch_cat_first_tokens(batches):
 
 def test_synthetic_data_is_checked_against_seq_len():
     from types import SimpleNamespace
-    from fp8train.data import load_splits
+    from fp8train.data.loader import load_splits
     cfg = SimpleNamespace(dataset="synthetic", seq_len=300_000)
     with pytest.raises(ConfigError, match="dataset 'synthetic': the val split has 262,144 tokens"):
         load_splits(cfg)
@@ -293,7 +293,7 @@ def test_synthetic_data_is_checked_against_seq_len():
 
 def test_out_of_memory_is_recognised_on_cpu_and_gpu_and_when_wrapped():
     import torch
-    from fp8train.agreement import RankFailed
+    from fp8train.ranks import RankFailed
     from fp8train.errors import is_out_of_memory
     assert is_out_of_memory(MemoryError())
     assert is_out_of_memory(torch.OutOfMemoryError("CUDA out of memory. Tried to allocate 2 GiB"))

@@ -24,7 +24,9 @@ import pytest
 import torch
 
 from conftest import ROOT
-from fp8train.diagnose import attention, cli, environment
+from fp8train.diagnose import attention
+from fp8train.diagnose import cli
+from fp8train.diagnose import environment
 from fp8train.diagnose.ceilings import judge_ceilings, measure_ceilings, timing_plan
 from fp8train.diagnose.checks import run_check
 from fp8train.diagnose.fp8_probes import (FWD_TOL, GRAD_TOL, check_native, check_torchao,
@@ -131,7 +133,7 @@ def _measured(bf16, fp8=None, fp8_skipped=None):
 
 def test_h100_report_prints_the_measured_ceilings_as_percent_of_the_datasheet_peak():
     """Injected numbers (no GPU here): bf16 650 and FP8 1300 TFLOP/s on an H100 SXM, whose
-    bf16 dense peak in fp8train/metrics.py is 989.4 TFLOP/s."""
+    bf16 dense peak in fp8train/observe/metrics.py is 989.4 TFLOP/s."""
     failed_ao = {"ok": False, "error": "RuntimeError: CUDA error: no kernel image"}
     failed_cudnn = {"ok": False, "error": "RuntimeError: cuDNN attention refused"}
     report = _gpu_report(H100, [9, 0], _measured(650.0, 1300.0), torchao_gemm=failed_ao,

@@ -3,7 +3,7 @@
 - the non-finite skip under FSDP2 (`fully_shard`): the parameters are DTensors, the gradient
   norm is a DTensor, and the fused AdamW kernel still skips a bad step from the plain 0-d
   found_inf our Health computes, with no host sync. (Accelerate runs FSDP only on CUDA, so the
-  trainer's FSDP path itself needs GPUs; this drives the same pieces: fp8train.health.Health
+  trainer's FSDP path itself needs GPUs; this drives the same pieces: fp8train.train.health.Health
   and the trainer's optimizer context.)
 - the native FP8 backend's delayed-scaling state: each rank records the amaxes of its own data,
   and the update all-reduces them (max), so both ranks end with the same history and scales,
@@ -35,8 +35,8 @@ FSDP_SKIP = textwrap.dedent("""
     import torch, torch.distributed as dist
     from torch.distributed.fsdp import fully_shard
     sys.path.insert(0, sys.argv[1])
-    from fp8train.health import Health
-    from fp8train.build import implicit_replication as _implicit_replication
+    from fp8train.train.health import Health
+    from fp8train.train.build import implicit_replication as _implicit_replication
 
     dist.init_process_group("gloo")
     torch.manual_seed(0)
@@ -69,7 +69,7 @@ NATIVE_AMAX = textwrap.dedent("""
     import json, sys
     import torch, torch.distributed as dist
     sys.path.insert(0, sys.argv[1])
-    from fp8train.config import Config
+    from fp8train.config.load import Config
     from fp8train.precision import build_precision
 
     dist.init_process_group("gloo")

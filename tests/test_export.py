@@ -75,8 +75,8 @@ def _final_val_loss(run_dir):
 ])
 @pytest.mark.parametrize("dtype", ["fp32", "bf16"])
 def test_transformers_model_gives_our_logits(tmp_path, arch, kw, dtype):
-    from fp8train.hf_export import DTYPES, LOGIT_TOLERANCE, compare_logits, write_model
-    from fp8train.hf_export import _rounded
+    from fp8train.evaluate.hf_export import DTYPES, LOGIT_TOLERANCE, compare_logits, write_model
+    from fp8train.evaluate.hf_export import _rounded
     from fp8train.model import GPT, ModelConfig
     torch.manual_seed(0)
     mcfg = ModelConfig(arch=arch, vocab_size=100, block_size=48, **kw)  # padded to 128
@@ -100,8 +100,8 @@ def test_transformers_model_gives_our_logits(tmp_path, arch, kw, dtype):
 
 @pytest.mark.parametrize("name", ["native-gpt2", "torchao-llama"])
 def test_export_of_fp8_trained_run_loads_in_transformers(runs, tmp_path, name):
-    from fp8train import trained
-    from fp8train.data import build_tokenizer
+    from fp8train.evaluate import trained
+    from fp8train.data.loader import build_tokenizer
     out = tmp_path / "hf"
     r = subprocess.run([sys.executable, "scripts/export_hf.py", str(runs[name]), str(out)],
                        cwd=ROOT, capture_output=True, text=True, timeout=600)
@@ -207,7 +207,7 @@ def test_fsdp_sharded_checkpoint_reads_like_the_single_file_one(runs, tmp_path):
     Accelerate does ({"model": state_dict}); here written by one process with the same API."""
     import shutil
     import torch.distributed.checkpoint as dcp
-    from fp8train import trained
+    from fp8train.evaluate import trained
     src = trained.find_checkpoint(str(runs["torchao-llama"]))
     ckpt = tmp_path / "step_0000012"
     ckpt.mkdir()
@@ -227,7 +227,7 @@ def test_fsdp_sharded_checkpoint_reads_like_the_single_file_one(runs, tmp_path):
 
 def _corrupt(run, tmp_path):
     import shutil
-    from fp8train.trained import find_checkpoint
+    from fp8train.evaluate.trained import find_checkpoint
     bad = tmp_path / "step_0000012"
     shutil.copytree(find_checkpoint(str(run)), bad)
     with open(bad / "model.safetensors", "r+b") as fh:
@@ -238,7 +238,7 @@ def _corrupt(run, tmp_path):
 
 def _bad_tokenizer(run, tmp_path):
     import shutil
-    from fp8train.trained import find_checkpoint
+    from fp8train.evaluate.trained import find_checkpoint
     ckpt = tmp_path / "ckpt"
     shutil.copytree(find_checkpoint(str(run)), ckpt)
     os.remove(ckpt / "manifest.json")   # an edited config no longer matches its checksum

@@ -163,7 +163,7 @@ def test_async_save_killed_mid_write_keeps_the_previous_one_and_resumes_bit_exac
     uninterrupted synchronous run, every loss included; its background-written checkpoint of
     step 33 is that run's file for file. Every save logs its duration, the time training waited
     and its size on disk; none comes near the window, so nothing is warned about."""
-    from fp8train.checkpoint import directory_bytes, read_manifest, verify
+    from fp8train.checkpoint.manager import directory_bytes, read_manifest, verify
     out = tmp_path / "run"
     ckpts = out / "checkpoints"
     args = tiny_args(out, **ASYNC_ARGS)
@@ -261,7 +261,7 @@ def test_a_nan_step_is_skipped_and_counted(tmp_path):
 
 def test_a_skipped_step_leaves_parameters_and_adam_untouched():
     """The skip happens in the fused AdamW kernel (found_inf), without a host sync."""
-    from fp8train.health import Health
+    from fp8train.train.health import Health
     torch.manual_seed(0)
     model = torch.nn.Linear(4, 4)
     opt = torch.optim.AdamW(model.parameters(), lr=0.1, fused=True)
@@ -289,7 +289,7 @@ def test_a_skipped_step_leaves_parameters_and_adam_untouched():
 
 
 def test_loss_spike_detection():
-    from fp8train.health import Health
+    from fp8train.train.health import Health
     h = Health(torch.device("cpu"), spike_factor=3.0)
     assert h.spike(2.0, 2.5) is None                  # the first interval sets the mean
     assert h.spike(2.0, 5.9) is None

@@ -9,9 +9,10 @@ import yaml
 from torch import nn
 
 from conftest import run_train, tiny_args
-from fp8train.agreement import on_rank0
-from fp8train.config import Config, ConfigError, load_config
-from fp8train.precision import build_precision, policy
+from fp8train.ranks import on_rank0
+from fp8train.config.load import Config, ConfigError, load_config
+from fp8train.precision import build_precision
+from fp8train.precision import policy
 from fp8train.precision.layers import select_linears
 from fp8train.precision.native import Fp8Linear
 from fp8train.precision.plain import FP32
@@ -367,7 +368,7 @@ def test_train_with_auto_on_cpu_converts_every_layer_and_says_why(tmp_path):
 def test_a_resumed_run_converts_the_checkpoints_layers_without_timing():
     """fp8_layers auto on resume: the checkpoint's recorded decision, not a new timing (the
     weights load only into the same layers); a pre-policy checkpoint means every layer."""
-    from fp8train.config import Config
+    from fp8train.config.load import Config
     from fp8train.model import GPT, model_config_from
     from fp8train.precision import build_precision
     cpu = torch.device("cpu")

@@ -10,12 +10,12 @@ import pytest
 import torch
 
 from conftest import ROOT
-from fp8train import summary
-from fp8train.config import Config
+from fp8train.observe import summary
+from fp8train.config.load import Config
 from fp8train.model import GPT, model_config_from
 from fp8train.precision import build_precision
 from fp8train.precision.verdict import Fp8Facts, describe, facts_of, verdict
-from fp8train.train_state import TrainState
+from fp8train.checkpoint.train_state import TrainState
 
 A, B, KEPT = (256, 512, False), (512, 256, False), (128, 128, False)
 # Converted: 2 layers of A and 1 of B, 6 * 256 * 512 = 786,432 FLOPs per token each; the model's

@@ -150,7 +150,7 @@ def test_the_sharded_checkpoint_reads_back_in_a_fresh_process(fsdp_runs):
     import sys
     tmp = fsdp_runs["tmp"]
     step = f"step_{STEPS:07d}"
-    code = ("import sys, torch; from fp8train.trained import read_state; "
+    code = ("import sys, torch; from fp8train.evaluate.trained import read_state; "
             "assert 'torchao' not in sys.modules; "
             "a, b = (read_state(p) for p in sys.argv[1:]); "
             "w = 'blocks.0.attn.qkv.weight'; "
@@ -200,9 +200,10 @@ def test_when_the_weights_are_gathered_in_fp8(monkeypatch, distribution, key, re
     import torch
     from torchao.float8.fsdp_utils import WeightWithDynamicFloat8CastTensor as Wrapped
 
-    from fp8train.config import Config
+    from fp8train.config.load import Config
     from fp8train.model import GPT, model_config_from
-    from fp8train.precision import ao, build_precision
+    from fp8train.precision import ao
+    from fp8train.precision import build_precision
     monkeypatch.setattr(ao, "distribution", lambda: distribution)
     cfg = Config(use_fp8=True, fp8_backend="torchao", fp8_recipe=recipe, fp8_layers="all",
                  fp8_fsdp_all_gather=key)
@@ -227,9 +228,10 @@ def test_ram_efficient_loading_keeps_the_gather_in_the_base_precision(monkeypatc
     own torchao path): the weights are then gathered as usual, and the run says why once."""
     import torch
 
-    from fp8train.config import Config
+    from fp8train.config.load import Config
     from fp8train.model import GPT, model_config_from
-    from fp8train.precision import ao, build_precision
+    from fp8train.precision import ao
+    from fp8train.precision import build_precision
     monkeypatch.setattr(ao, "distribution", lambda: "FSDP2")
     monkeypatch.setattr(ao, "fsdp_ram_efficient_loading", lambda: True)
     prec = build_precision(Config(use_fp8=True, fp8_backend="torchao", fp8_layers="all"),

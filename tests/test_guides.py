@@ -6,7 +6,7 @@
 - Every relative link in README.md and docs/*.md points at a file that exists and, for a
   `#anchor`, at a heading of that file; every repository path they name (`fp8train/...`,
   `scripts/...`) exists.
-- docs/config.md is exactly what `python -m fp8train.config_reference` generates from the
+- docs/config.md is exactly what `python -m fp8train.config.reference` generates from the
   schema, so it cannot drift from the config.
 - The README's quick-start commands are the ones CI runs, and the README stays a front door.
 """
@@ -130,8 +130,8 @@ def test_anchors_follow_githubs_rules(tmp_path):
 # --- docs/config.md ----------------------------------------------------------------------
 
 def test_config_reference_is_generated_from_the_schema():
-    from fp8train import config as C
-    from fp8train import config_reference
+    from fp8train.config import load as C
+    from fp8train.config import reference as config_reference
     page = (ROOT / "docs" / "config.md").read_text(encoding="utf-8")
     assert page == config_reference.render(), (
         f"docs/config.md is stale: run `{config_reference.COMMAND}`")
@@ -142,7 +142,7 @@ def test_config_reference_is_generated_from_the_schema():
 
 
 def test_config_reference_command_prints_the_page():
-    r = subprocess.run([sys.executable, "-m", "fp8train.config_reference"], cwd=ROOT,
+    r = subprocess.run([sys.executable, "-m", "fp8train.config.reference"], cwd=ROOT,
                        capture_output=True, text=True, timeout=60)
     assert r.returncode == 0, r.stderr
     assert r.stdout == (ROOT / "docs" / "config.md").read_text(encoding="utf-8")

@@ -1,7 +1,7 @@
 """Throughput and MFU against numbers worked out by hand from the published model shapes."""
 import pytest
 
-from fp8train.metrics import peak_flops, peak_note, throughput
+from fp8train.observe.metrics import peak_flops, peak_note, throughput
 from fp8train.model import GPT, model_config_from
 
 # GPT-2 small, GPT-2 vocabulary 50,257 padded to 50,304, T = 1024:
@@ -80,7 +80,7 @@ def test_the_eta_is_measured_after_the_first_step(capsys):
     import re
     import time
 
-    from fp8train.logger import Logger, Progress
+    from fp8train.observe.logger import Logger, Progress
     progress = Progress(Logger(is_main=True), total=100, initial=50)
     time.sleep(3.0)                           # start-up, compilation, the first step
     progress.first_step(51, 3.0, next_row=60)
@@ -102,8 +102,8 @@ def test_the_first_row_times_the_steps_after_the_first():
 
     import torch
 
-    from fp8train.metrics import Meter
-    from fp8train.train_state import TrainState
+    from fp8train.observe.metrics import Meter
+    from fp8train.checkpoint.train_state import TrainState
     st, meter = TrainState(), Meter(5, 1000, 1, 0.0, torch.device("cpu"))
     meter.start()
     time.sleep(1.0)                 # step 1: the compile

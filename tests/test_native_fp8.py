@@ -15,7 +15,7 @@ from accelerate.utils.modeling import id_tensor_storage
 from torch import nn
 from torch.utils._python_dispatch import TorchDispatchMode
 
-from fp8train.config import Config
+from fp8train.config.load import Config
 from fp8train.model import GPT, model_config_from
 from fp8train.precision import build_precision
 from fp8train.precision.native import Fp8Linear, Fp8State

@@ -62,7 +62,7 @@ def figures(run_dir):
     import matplotlib
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
-    from fp8train.metrics_reader import lr_schedule, read_run_config, resume_steps
+    from fp8train.observe.metrics_reader import lr_schedule, read_run_config, resume_steps
     mod = script("plot_run")
     return mod, mod.Plots(plt, mod.read_metrics(str(run_dir)), run_dir.name,
                           resumes=resume_steps(str(run_dir)),
@@ -153,7 +153,7 @@ def test_missing_matplotlib_exits_2_with_a_hint(runs):
 
 
 def test_lr_plot_shows_the_whole_schedule_from_step_0_and_marks_the_resume(runs):
-    from fp8train.schedule import lr_at
+    from fp8train.train.schedule import lr_at
     mod, plots = figures(runs["fp8"])
     assert plots.resumes == [1]           # train.log: "resumed from ... at step 1"
     ax = mod.Plots.lr(plots).axes[0]

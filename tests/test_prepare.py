@@ -14,8 +14,8 @@ import pytest
 import yaml
 
 from conftest import DATA_DIR, ROOT, run_train, tiny_args
-from fp8train.data import RandomWindows, ShardedTokens
-from fp8train.shards import HEADER_BYTES, open_shard, read_header
+from fp8train.data.loader import RandomWindows, ShardedTokens
+from fp8train.data.shards import HEADER_BYTES, open_shard, read_header
 
 WORDS = ("the quick brown fox jumps over a lazy dog while seven wizards quietly hex "
          "jolly boxers and brave zebras drink milk").split()
@@ -226,7 +226,7 @@ def test_bad_prepared_data_exits_2_with_one_line(tmp_path, case, expected):
 def test_token_ids_outside_the_vocabulary_are_caught_before_training(tmp_path):
     """A shard whose ids exceed the dataset's vocabulary (a tokenizer mismatch) stops the run
     with exit 2 instead of a device-side assert at step 1."""
-    from fp8train.shards import write_shard
+    from fp8train.data.shards import write_shard
     data = prepared_tinyshakespeare(tmp_path)
     path = data / "tinyshakespeare" / "train_000000.bin"
     tokens = np.asarray(open_shard(str(path))).copy()
@@ -424,7 +424,7 @@ def test_resuming_with_other_arguments_is_refused(tmp_path):
 def test_ctrl_c_leaves_a_resumable_folder_that_training_refuses(tmp_path):
     """SIGINT mid-run: exit 3 with one line, no traceback (the tokenizer workers too), no
     meta.json, so training refuses the folder, and the progress a rerun resumes from."""
-    from fp8train.data import load_prepared
+    from fp8train.data.loader import load_prepared
     from fp8train.errors import ConfigError
     out = tmp_path / "cut"
     args = ["--dataset", os.path.join(DATA_DIR, "tinyshakespeare.txt"), "--tokenizer", "byte",
@@ -488,7 +488,7 @@ def test_a_cached_hub_tokenizer_loads_without_the_network(tmp_path, network):
 def test_batch_stream_yields_the_loop_order_with_or_without_prefetch(depth):
     """The background prefetch changes when batches are made, never which: rank 1 of 2,
     micro 4 × accum 3, resumed at data position 48."""
-    from fp8train.data import BatchStream
+    from fp8train.data.loader import BatchStream
     tokens = np.arange(20_000, dtype=np.uint16)
     sampler = RandomWindows(tokens, 16, seed=3)
     stream = BatchStream(sampler, position=48, rank_offset=12, micro=4, accum=3, effective=24,

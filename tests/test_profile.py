@@ -47,7 +47,7 @@ def _profiled_on_cuda(tmp_path, monkeypatch, dump):
 
     import torch
 
-    from fp8train.profiling import StepProfiler
+    from fp8train.observe.profiling import StepProfiler
     calls = []
     monkeypatch.setattr(torch.cuda.memory, "_record_memory_history",
                         lambda *a, **k: calls.append(("record", a, k)))
@@ -76,7 +76,7 @@ def test_the_cuda_memory_snapshot_records_python_stacks_of_allocations_only(tmp_
 
     import torch
 
-    from fp8train.profiling import MEMORY_EVENTS
+    from fp8train.observe.profiling import MEMORY_EVENTS
     real = inspect.signature(torch.cuda.memory._record_memory_history)   # before the mock
     calls, said = _profiled_on_cuda(tmp_path, monkeypatch,
                                     lambda path: open(path, "wb").write(b"snapshot"))

@@ -19,10 +19,10 @@ import pytest
 import torch
 
 from conftest import ROOT, run_train, tiny_args
-from fp8train.checkpoint import MANIFEST_FORMAT, TRAIN_STATE, verify
-from fp8train.safe_load import (DCP_METADATA_GLOBALS, TE_EXTRA_STATE_GLOBALS, _check_pickle,
+from fp8train.checkpoint.manager import MANIFEST_FORMAT, TRAIN_STATE, verify
+from fp8train.checkpoint.safe_load import (DCP_METADATA_GLOBALS, TE_EXTRA_STATE_GLOBALS, _check_pickle,
                                 _Unsafe, rng_globals, unsafe_content)
-from fp8train.config import ConfigError
+from fp8train.config.load import ConfigError
 
 # Two checkpoints (steps 1 and 2) per run, in seconds.
 SHORT = dict(max_steps=2, checkpoint_interval=1, eval_interval=100, eval_sequences=8,
@@ -112,7 +112,7 @@ def _error_lines(text):
 @pytest.mark.filterwarnings("ignore:torch.distributed is disabled")   # DCP in one process
 def test_real_checkpoints_are_safe(runs, tmp_path):
     import torch.distributed.checkpoint as dcp
-    from fp8train import trained
+    from fp8train.evaluate import trained
     for name, run in runs.items():
         ckpts = sorted((run / "checkpoints").glob("step_*"))
         assert len(ckpts) == 2, name
@@ -347,7 +347,7 @@ def test_other_torch_formats_are_refused(runs, tmp_path):
 @pytest.mark.filterwarnings("ignore:torch.distributed is disabled")
 def test_dcp_metadata_and_items_are_checked(tmp_path):
     import torch.distributed.checkpoint as dcp
-    from fp8train.trained import read_state
+    from fp8train.evaluate.trained import read_state
     marker = tmp_path / "MARKER"
     ckpt = tmp_path / "ckpt"
     sharded = ckpt / "pytorch_model_fsdp_0"

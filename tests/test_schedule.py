@@ -3,7 +3,7 @@ import math
 
 import pytest
 
-from fp8train.schedule import lr_at
+from fp8train.train.schedule import lr_at
 
 KW = dict(max_lr=3e-3, warmup_steps=2000, total_steps=20000, min_lr_ratio=0.1)
 

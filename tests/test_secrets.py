@@ -9,8 +9,8 @@ from collections import namedtuple
 import pytest
 
 from conftest import tiny_args
-from fp8train import redaction as S
-from fp8train.config import dump_yaml, load_config
+from fp8train.observe import redaction as S
+from fp8train.config.load import dump_yaml, load_config
 
 
 @pytest.fixture

@@ -458,7 +458,7 @@ def test_shipped_sweep_trial_command(agent_env, monkeypatch):
     assert S.build_command(cfg["command"], cfg["program"],
                            {k: v["value"] for k, v in args.items()}) == theirs
     # and train_fp8.py reads it as meant
-    from fp8train.config import load_config
+    from fp8train.config.load import load_config
     run = load_config(S.config_argv(theirs, "train_fp8.py"))
     assert (run.penalty_weight, run.penalty_type, run.use_wandb) == (0.02, "z_loss", True)
 

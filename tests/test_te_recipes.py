@@ -20,7 +20,7 @@ import pytest
 import torch
 from torch import nn
 
-from fp8train.config import Config, ConfigError
+from fp8train.config.load import Config, ConfigError
 from fp8train.precision import build_precision
 from fp8train.precision import te as te_backend
 from fp8train.precision.scaling import (E4M3, SAMPLE, block_amax, block_scales,
@@ -252,7 +252,7 @@ def test_stateless_recipes_checkpoint_no_extra_state_and_load_strictly(te, tmp_p
     anything (TE 2.2-2.3 pickle.loads whatever they are given, as the stand-in does here)."""
     from accelerate import Accelerator
 
-    from fp8train.safe_load import _check_extra_state, _Unsafe, unsafe_content
+    from fp8train.checkpoint.safe_load import _check_extra_state, _Unsafe, unsafe_content
 
     class OldLinear(te.Linear):   # te.Linear's extra state as TE 2.3 handles it
         def get_extra_state(self):

@@ -1,5 +1,5 @@
 """Ceilings: bf16 and FP8 matmul TFLOP/s, device copy and pinned host-to-device GB/s, each timed
-with CUDA events after a warm-up, and set against the datasheet peak in fp8train/metrics.py.
+with CUDA events after a warm-up, and set against the datasheet peak in fp8train/observe/metrics.py.
 train/mfu is measured against that peak; the measured matmul ceiling says how much of it this
 machine reaches at all, so an MFU of 40% reads as 40 of, say, 70 reachable, not 40 of 100."""
 from __future__ import annotations
@@ -111,7 +111,7 @@ def measure_ceilings(device, plan: dict, fp8_gate_reason: str | None) -> dict:
 
 def judge_ceilings(device_name: str, measured: dict) -> dict:
     """The measurements next to metrics.py's datasheet peak: percentages, FP8 speed-up."""
-    from ..metrics import peak_flops, peak_note
+    from ..observe.metrics import peak_flops, peak_note
     out = {k: dict(v) if isinstance(v, dict) else v for k, v in measured.items()}
     peak = peak_flops(device_name)
     out["peak_note"] = peak_note(device_name, fp8=False)

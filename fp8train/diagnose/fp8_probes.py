@@ -9,7 +9,7 @@ from __future__ import annotations
 import importlib
 import sys
 
-from ..schema import FP8_RECIPES   # the standard library only: --help stays instant
+from ..config.schema import FP8_RECIPES  # the standard library only: --help stays instant
 from .checks import CheckFailed, describe, rel_err, run_check
 
 BACKENDS = ("te", "torchao", "native")
@@ -78,7 +78,7 @@ def fp8_gate(device_report: dict) -> str | None:
         return f"no CUDA device: {device_report['reason']}"
     import torch
 
-    from ..precision.base import cuda_fp8_gate   # the trainer's own rule (cc >= 8.9)
+    from ..precision.base import cuda_fp8_gate  # the trainer's own rule (cc >= 8.9)
     return cuda_fp8_gate(torch.device("cuda", device_report["index"]))
 
 
@@ -112,7 +112,7 @@ def _import_te() -> str:
 
 
 def _import_torchao() -> str:
-    from ..precision.ao import import_float8   # quiets torchao's optional-kernel logs
+    from ..precision.ao import import_float8  # quiets torchao's optional-kernel logs
     import_float8()
     return f"torchao {sys.modules['torchao'].__version__}"
 
@@ -207,7 +207,7 @@ def check_te(device, recipe_name: str = "delayed") -> dict:
     depends on (current and block scaling give the same scales every step)."""
     import torch
 
-    from ..config import Config
+    from ..config.load import Config
     from ..precision.te import RECIPES, build_recipe, recipe_kwargs
     te = importlib.import_module("transformer_engine.pytorch")
     cfg = Config(fp8_backend="te", fp8_recipe=recipe_name)

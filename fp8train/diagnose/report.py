@@ -89,7 +89,7 @@ def format_ceilings(report: dict) -> str:
     plan = c["plan"]
     lines = [f"Ceilings (matmuls {plan['size']}^3, median of {plan['matmul_iters']}; copies "
              f"median of {plan['copy_iters']}; each after ~{plan['warmup_s']:g} s of warm-up)",
-             f"  peak: {c['peak_note']} (fp8train/metrics.py)",
+             f"  peak: {c['peak_note']} (fp8train/observe/metrics.py)",
              _row("bf16 matmul", _matmul_text(c, "bf16_matmul")),
              _row("FP8 matmul", _matmul_text(c, "fp8_matmul"))]
     for key, label in (("d2d_copy", "device copy"), ("h2d_pinned", "host->device")):

@@ -12,7 +12,7 @@ from typing import Callable, Optional
 
 import torch
 
-from ..config import Config, ConfigError
+from ..config.load import Config, ConfigError
 from .base import Precision
 from .plain import BF16, FP16, FP32
 

@@ -20,7 +20,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from ..console import drop_torchao_import_noise
+from ..observe.console import drop_torchao_import_noise
 from .base import Fp8Backend, Precision
 from .probe import ScaleProbe
 from .scaling import sample

@@ -48,11 +48,10 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from ..ranks import rank_world
 from .base import BWD_STATS, FWD_STATS, N_FWD, Fp8Backend, WatchedStats
 from .layers import replace_module
-from ..agreement import rank_world
-from .scaling import (FORMATS, FP8_MAX, current_scale, quant_stats, quantize,
-                      update_delayed_scaling)
+from .scaling import FORMATS, FP8_MAX, current_scale, quant_stats, quantize, update_delayed_scaling
 
 INPUT, WEIGHT, GRAD_OUTPUT = 0, 1, 2
 

@@ -38,10 +38,10 @@ from typing import Callable, Optional
 import torch
 from torch import nn
 
-from ..agreement import on_rank0, rank_world
-from ..autobatch import release_memory
-from ..keyed_cache import read_entry, write_entry
+from ..batch.fit import release_memory
+from ..io import read_entry, write_entry
 from ..model import compiled
+from ..ranks import on_rank0, rank_world
 from .layers import select_linears, shape_of
 
 CACHE_FILE = "fp8_layers.json"
@@ -154,7 +154,7 @@ def report(counts: "OrderedDict[Shape, int]", measured: Measured, margin: float,
 def cache_path(cfg, run_dir: Optional[str] = None) -> str:
     """fp8_layers.json in the batch-probe cache's directory (batch_cache_dir, else the run's
     directory)."""
-    from ..autobatch import cache_path as batch_cache_path
+    from ..batch.fit import cache_path as batch_cache_path
     return os.path.join(os.path.dirname(batch_cache_path(cfg, run_dir)), CACHE_FILE)
 
 

@@ -17,7 +17,7 @@ every rank.
     supervise     `python -m fp8train.sweep.supervise`: one agent trial, its stop and exit code
     cli           the argparse command line and main()
 
-Only the standard library, PyYAML and fp8train.config are imported at import time; wandb is
+Only the standard library, PyYAML and fp8train.config.load are imported at import time; wandb is
 imported where it is used, torch never. The errors are fp8train.errors' SweepError (exit 2) and
 ServerError (exit 1).
 """

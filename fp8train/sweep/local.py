@@ -11,13 +11,12 @@ import statistics
 import time
 from typing import Callable, Optional, Sequence
 
-from ..config import load_config
+from ..config.load import load_config
 from ..errors import EXIT_FAILED, EXIT_OK, ConfigError, SweepError
 from .command import DEFAULT_LAUNCHER, ROOT, build_command, config_argv, launcher_env
 from .process import run_command, trial_env
 from .spec import (DEFAULT_METRIC, format_value, is_number, is_value, metric_of, repo_relative,
-                   require_launcher, spec_distribution, strip_source, sweep_command,
-                   validate_sweep)
+                   require_launcher, spec_distribution, strip_source, sweep_command, validate_sweep)
 from .trials import LOCAL_DISTRIBUTIONS, grid_trials, random_trials
 
 

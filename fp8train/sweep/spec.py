@@ -10,7 +10,7 @@ import os
 import re
 from typing import Any
 
-from ..config import KEYS, Config, ConfigError, load_config, read_yaml
+from ..config.load import KEYS, Config, ConfigError, load_config, read_yaml
 from ..errors import SweepError
 from .command import (ARGS_MACROS, DEFAULT_COMMAND, EXAMPLE_COMMAND, LAUNCHER_ITEM, LAUNCHER_VAR,
                       PROGRAM, ROOT, build_command, config_argv, has_launcher, macro_problem)

@@ -13,7 +13,7 @@ import tempfile
 import threading
 from typing import Optional, Sequence
 
-from ..config import KEYS, Config
+from ..config.load import KEYS, Config
 from ..errors import EXIT_FAILED, EXIT_OK, ServerError, SweepError, one_line
 from .command import DEFAULT_LAUNCHER, LAUNCHER_VAR, ROOT, has_launcher, launcher_env
 from .process import trial_env

@@ -115,7 +115,7 @@ def te_extra_states(checkpoint: Path) -> dict:
 
     from safetensors import safe_open
 
-    from fp8train.safe_load import unsafe_content
+    from fp8train.checkpoint.safe_load import unsafe_content
     why = unsafe_content(str(checkpoint))
     assert why is None, f"fp8train's checkpoint scan refuses a real TE checkpoint: {why}"
     states = {}

@@ -50,7 +50,7 @@ def test_probe_then_train_within_the_budget(tmp_path, model):
     # the run trains at the one the rule picks (a smaller one only when over 3% faster).
     table = derived.get("batch_timings")
     if table:   # one candidate (a fit of 1) times nothing
-        from fp8train.autobatch import Timing, fastest
+        from fp8train.batch.fit import Timing, fastest
         assert table == entry["speed"]["timings"]
         assert all(t["micro"] * t["accum"] == 256 and t["tokens_per_sec"] > 0 and
                    0 < t["peak_gb"] <= _budget_gb() for t in table), table
@@ -111,14 +111,14 @@ def test_choose_speed_under_compile_times_several_sizes_within_a_budget_below_on
     micro-steps and an optimizer step, a fraction of a second a size).
     At least two sizes are timed, each with its compile reported apart, and the one taken is
     within batch_speed_tolerance of the fastest."""
-    from fp8train import autobatch
-    from fp8train.config import Config
-    from fp8train.loss import lm_loss
+    from fp8train.batch import fit as autobatch
+    from fp8train.config.load import Config
+    from fp8train.train.loss import lm_loss
     from fp8train.model import model_config_from
-    from fp8train.optimizer import build_optimizer
-    from fp8train.planning import new_model
+    from fp8train.train.optimizer import build_optimizer
+    from fp8train.batch.decide import new_model
     from fp8train.precision import build_precision
-    from fp8train.trained import autocast
+    from fp8train.evaluate.trained import autocast
 
     device = torch.device("cuda", 0)
     cfg = Config(model="gpt2-124m", n_layer=4, seq_len=512, compile=True, use_fp8=False,

@@ -117,8 +117,9 @@ def test_fp8_backend_trains_under_compile(fp8_run, backend):
 @pytest.mark.parametrize("backend", BACKENDS)
 def test_cuda_timer_times_both_variants_of_a_shape(backend):
     backend_skip(backend)
-    from fp8train.config import Config
-    from fp8train.precision import build_precision, policy
+    from fp8train.config.load import Config
+    from fp8train.precision import build_precision
+    from fp8train.precision import policy
     dev = torch.device("cuda")
     prec = build_precision(Config(use_fp8=True, fp8_backend=backend, fp8_fallback="error"), dev,
                            warn=pytest.fail)

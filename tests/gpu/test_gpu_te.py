@@ -128,7 +128,7 @@ def test_te_margin_remedy_is_used_by_the_next_scale_update():
     that recipe's margin."""
     from torch import nn
 
-    from fp8train.config import Config
+    from fp8train.config.load import Config
     from fp8train.precision import build_precision
     from fp8train.precision.scaling import FORMATS, FP8_MAX
     dev = torch.device("cuda")

@@ -24,7 +24,7 @@ def test_bf16_run_on_gpu_reports_memory_and_precision(tmp_path):
     last = [x for x in rows if "train/loss" in x][-1]
     assert last["system/gpu_memory_peak_gb"] >= last["system/gpu_memory_allocated_gb"] > 0
     assert last["system/gpu_memory_reserved_gb"] >= last["system/gpu_memory_allocated_gb"]
-    from fp8train.metrics import peak_flops
+    from fp8train.observe.metrics import peak_flops
     if peak_flops(torch.cuda.get_device_name()) is not None:
         assert 0 < last["train/mfu"] < 1
         assert cfg["derived"]["mfu_peak"].startswith("MFU against the")
@@ -97,12 +97,12 @@ def test_a_background_checkpoint_on_gpu_overlaps_training_without_stalling_it(tm
     AdamW's moments ~3.7 GB in fp32) saved in the background every 10 steps: training goes on
     during each write (its row counts the steps trained meanwhile), and the training thread is
     never held up for long by the writer (safetensors 0.8+ and torch.save's storage writes
-    release the GIL: fp8train/write_stall.py); the stall is measured in the process itself
+    release the GIL: fp8train/checkpoint/write_stall.py); the stall is measured in the process itself
     (`checkpoint/stall_max_s`). Bound: 0.25 s, as in the CPU test
     (tests/test_checkpoint_stall.py); a writer holding the GIL stops training for seconds."""
     import safetensors
 
-    from fp8train.write_stall import safetensors_holds_gil
+    from fp8train.checkpoint.write_stall import safetensors_holds_gil
     if safetensors_holds_gil():
         pytest.skip(f"safetensors {safetensors.__version__} holds the GIL while it writes: "
                     "checkpoint_async is off with it (pip install 'safetensors>=0.8')")

@@ -1,0 +1,79 @@
+"""Resuming a run: which checkpoint, whether the config may continue it, and what changes when
+it does (the batch plan it used, the LR schedule's length)."""
+from __future__ import annotations
+
+from typing import Callable, Optional
+
+from .. import ranks
+from ..errors import ConfigError
+from ..train.schedule import lr_at
+from .manager import (CheckpointManager, changed_on_resume, read_manifest, resolve_resume,
+                      saved_derived)
+
+
+def choose_checkpoint(resume: str, manager: CheckpointManager, log,
+                      asked: str = "auto") -> "tuple[str | None, list]":
+    """The verified checkpoint to resume from (None: start fresh), chosen by rank 0, which reads
+    and checksums the files once, and the notes of what verification found: (log.warn or
+    log.msg, text) to say once train.log is open. When no checkpoint will do, the reasons each
+    was refused are said before the refusal's own error. `asked`: the config's resume, when
+    `resume` was decided for the run (a sweep trial resumes its own directory unasked)."""
+    notes: list = []
+    try:
+        found = ranks.on_rank0(lambda: resolve_resume(
+            resume, manager, warn=lambda m: notes.append((log.warn, m)),
+            info=lambda m: notes.append((log.msg, m)), announce=asked == resume))
+    except ConfigError:
+        for say, msg in notes:
+            if say == log.warn:
+                say(msg)
+        raise
+    return found, notes
+
+
+def check_config_change(checkpoint: str, run_hash: str, values: dict, derived: dict,
+                        allow: bool, source: str, log) -> None:
+    """Refuse to continue `checkpoint` with keys that change training (unless allow), warn when
+    allowed. `values`: the run's config keys; `derived`: the data's size, the effective batch."""
+    if read_manifest(checkpoint).get("config_hash") == run_hash:
+        return
+    changed = changed_on_resume(checkpoint, values, derived)
+    if changed and not allow:
+        raise ConfigError(
+            f"{source}: resuming '{checkpoint}' with settings that change training: "
+            f"{', '.join(changed)}; put them back, pass --allow_config_change to continue "
+            f"with the new values, or start a new run with another --output_dir")
+    if changed:
+        log.warn("resuming with settings that differ from the checkpoint's "
+                 "(--allow_config_change; training continues with the new values): "
+                 + ", ".join(changed))
+
+
+def saved_micro_batch(checkpoint: str, world: int) -> Optional[int]:
+    """The micro-batch the checkpoint's run used, when it ran on as many processes: the resumed
+    run then takes the same steps (auto_batch_size probes nothing)."""
+    saved = saved_derived(checkpoint)
+    if saved.get("world_size") != world or not saved.get("micro_batch_size"):
+        return None
+    return int(saved["micro_batch_size"])
+
+
+def warn_schedule_change(checkpoint: str, lr_args: dict, step: int,
+                         warn: Callable[[str], None]) -> None:
+    """The cosine follows the run's length (unless lr_decay_steps is set), and the run's length
+    may change on resume: say so, with the jump in LR it causes, rather than let it pass.
+    `lr_args`: this run's lr_at arguments."""
+    saved = saved_derived(checkpoint)
+    before = saved.get("lr_schedule_steps")
+    now = lr_args["total_steps"]
+    if not isinstance(before, int) or before == now:
+        return
+    old = lr_at(step, **dict(lr_args, total_steps=before,
+                             max_lr=saved.get("peak_learning_rate", lr_args["max_lr"]),
+                             warmup_steps=saved.get("warmup_steps", lr_args["warmup_steps"])))
+    new = lr_at(step, **lr_args)
+    warn(f"the LR schedule is now {now:,} steps long, the checkpoint's run had {before:,} (the "
+         f"cosine follows the run's length, which changed): the LR at step {step + 1:,} is "
+         f"{new:.3g} instead of {old:.3g}; set lr_decay_steps to keep a schedule fixed across "
+         f"changes of length")
+

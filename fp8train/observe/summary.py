@@ -1,0 +1,88 @@
+"""The end-of-run report: printed, and written by the run's logger to <output_dir>/summary.json
+and the W&B run's summary. Everything in it is measured by the run itself; a value that does
+not apply (no GPU: no MFU or memory; no target) is null rather than made up."""
+from __future__ import annotations
+
+from .metrics import mfu
+
+
+def build(facts: dict, st, precision: dict, outcome: dict, fp8=None) -> dict:
+    """`facts`: what the run decided at start (its derived values, model, target, peak FLOP/s);
+    `st`: the TrainState; `precision`: the precision's derived values now (a rollback may have
+    turned FP8 off); `outcome`: status, exit_code, final_val ((step, val/loss) of the last
+    evaluation), latest_checkpoint and peak_memory_gb; `fp8`: the precision's verdict facts
+    (precision/verdict.py's Fp8Facts; None: no verdict, as for a run without FP8)."""
+    steady = st.steady_seconds > 0
+    tok_s = st.steady_tokens / st.steady_seconds if steady else None
+    target = facts["target_val_loss"]
+    met = target is not None and st.target_step is not None and st.target == target
+    best, final_val = st.best_val_loss, outcome["final_val"]
+    world = facts["world_size"]
+    return {
+        "status": outcome["status"], "exit_code": outcome["exit_code"],
+        "steps": st.step, "total_steps": facts["total_steps"], "tokens": st.tokens,
+        "final_val_loss": final_val[1] if final_val else None,
+        "final_val_step": final_val[0] if final_val else None,
+        "best_val_loss": best, "best_val_step": st.best_val_step,
+        "target_val_loss": target,
+        "target_met": met if target is not None else None,
+        "time_to_target_s": st.time_to_target_s if met else None,
+        "tokens_to_target": st.tokens_to_target if met else None,
+        "step_at_target": st.target_step if met else None,
+        "target_gap": (best - target) if target is not None and not met and best is not None
+        else None,
+        "wall_time_s": st.wall_seconds,
+        "train_time_s": st.train_seconds,
+        "tokens_per_sec": tok_s,
+        "mfu": mfu(facts["flops_per_token"], tok_s / world, facts["peak_flops"])
+        if tok_s else None,
+        "steady_state_tokens": st.steady_tokens,
+        "peak_memory_gb": outcome["peak_memory_gb"],
+        "batch": {k: facts[k] for k in ("micro_batch_size", "gradient_accumulation_steps",
+                                         "world_size", "effective_batch_size",
+                                         "tokens_per_step")},
+        "precision": precision.get("precision"), "fp8": precision.get("fp8"),
+        "fp8_layers_converted": precision.get("fp8_layers", 0),
+        "model": facts["model"], "n_params": facts["n_params"],
+        "skipped_steps": st.skipped_steps, "rollbacks": st.rollbacks,
+        "checkpoints_written": st.checkpoints_written,
+        "latest_checkpoint": outcome["latest_checkpoint"],
+        "fp8_verdict": _fp8_verdict(fp8, facts, tok_s),
+    }
+
+
+def _fp8_verdict(fp8, facts: dict, tok_s):
+    """What FP8 bought this run (precision/verdict.py), from its steady-state step time."""
+    if fp8 is None:
+        return None
+    from ..precision.verdict import verdict
+    return verdict(fp8, facts["flops_per_token"], tok_s, facts["tokens_per_step"],
+                   facts["gradient_accumulation_steps"])
+
+
+def describe(s: dict) -> list[str]:
+    """The report as log lines."""
+    def num(v, fmt):
+        return "n/a" if v is None else format(v, fmt)
+    lines = [f"summary: {s['status']} at step {s['steps']:,}/{s['total_steps']:,}, "
+             f"{s['tokens']:,} tokens, {num(s['wall_time_s'] / 60, '.1f')} min wall "
+             f"({num(s['train_time_s'] / 60, '.1f')} min training)",
+             f"summary: val/loss final {num(s['final_val_loss'], '.4f')}, best "
+             f"{num(s['best_val_loss'], '.4f')}"
+             + (f" (step {s['best_val_step']:,})" if s["best_val_step"] is not None else ""),
+             f"summary: {num(s['tokens_per_sec'], ',.0f')} tokens/s in the steady state, MFU "
+             f"{'n/a' if s['mfu'] is None else format(100 * s['mfu'], '.1f') + '%'}, peak "
+             f"memory {'n/a' if s['peak_memory_gb'] is None else format(s['peak_memory_gb'], '.1f') + ' GB'}; "
+             f"{s['precision']}"
+             + (f" with FP8 ({s['fp8']}, {s['fp8_layers_converted']} layers)"
+                if s["fp8_layers_converted"] else "")]
+    if s["target_val_loss"] is not None:
+        t = s["target_val_loss"]
+        lines.append(
+            f"summary: target val/loss {t:g} MET at step {s['step_at_target']:,} after "
+            f"{s['time_to_target_s']:.1f} s of training ({s['tokens_to_target']:,} tokens)"
+            if s["target_met"] else
+            f"summary: target val/loss {t:g} NOT met: best {num(s['best_val_loss'], '.4f')}, "
+            f"gap {num(s['target_gap'], '.4f')}")
+    from ..precision.verdict import describe as fp8_lines
+    return lines + fp8_lines(s.get("fp8_verdict"))
