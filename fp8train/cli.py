@@ -9,7 +9,7 @@ import os
 import sys
 
 from .config.load import HelpRequested, help_text, load_config
-from .errors import EXIT_OK, ConfigError, report, run_reported
+from .errors import EXIT_OK, BadInput, report, run_reported
 
 
 def _is_rank0() -> bool:
@@ -27,12 +27,12 @@ def main(argv: list[str] | None = None) -> int:
     argv = sys.argv[1:] if argv is None else argv
     try:
         if not argv:
-            raise ConfigError(NO_ARGUMENTS)
+            raise BadInput(NO_ARGUMENTS)
         cfg = load_config(argv)
     except HelpRequested:
         print(help_text())
         return EXIT_OK
-    except ConfigError as e:
+    except BadInput as e:
         return report(e, show=_is_rank0())
     # Must be set before torch initialises CUDA: fewer fragmentation OOMs on long runs.
     os.environ.setdefault("PYTORCH_CUDA_ALLOC_CONF", "expandable_segments:True")

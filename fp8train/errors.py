@@ -7,6 +7,7 @@ Only the standard library is imported here: a config error comes back before tor
 from __future__ import annotations
 
 import sys
+from typing import Optional
 
 EXIT_OK = 0          # done
 EXIT_FAILED = 1      # the run (or tool) cannot go on: diverged, a required write failed, ...
@@ -14,7 +15,7 @@ EXIT_BAD_INPUT = 2   # bad config, file or argument: fix it and run again
 EXIT_STOPPED = 3     # stopped by a signal after a checkpoint: resumable
 
 
-class ConfigError(Exception):
+class BadInput(Exception):
     """Bad config or bad input. Reported as one line on stderr; the process exits with 2."""
 
 
@@ -27,7 +28,7 @@ class ToolFailed(Exception):
     """A script ran but its result is wrong (an export whose logits do not match): exit 1."""
 
 
-class SweepError(ConfigError):
+class SweepError(BadInput):
     """A bad sweep file or bad command-line input to run_sweep.py: one line, exit 2."""
 
 
@@ -36,8 +37,8 @@ class ServerError(Exception):
 
 
 # Which exceptions are reported in one line, and with which exit code (first match wins).
-_CODES = ((ConfigError, EXIT_BAD_INPUT), (RunFailed, EXIT_FAILED), (ToolFailed, EXIT_FAILED),
-          (ServerError, EXIT_FAILED))
+_CODES = ((BadInput, EXIT_BAD_INPUT), (RunFailed, EXIT_FAILED),
+          (ToolFailed, EXIT_FAILED), (ServerError, EXIT_FAILED))
 
 
 def exit_code(e: BaseException) -> "int | None":
@@ -49,12 +50,28 @@ def exit_code(e: BaseException) -> "int | None":
     return None
 
 
+def close_matches(word, choices, n: int = 1) -> list:
+    """The `n` choices closest to `word` (difflib's similarity of at least 0.6), closest first:
+    the one source of every "did you mean" hint in an error message."""
+    import difflib
+    return difflib.get_close_matches(str(word), [str(c) for c in choices], n=n, cutoff=0.6)
+
+
+def did_you_mean(word, choices) -> Optional[str]:
+    """The choice closest to `word`, or None when nothing is close (close_matches)."""
+    close = close_matches(word, choices)
+    return close[0] if close else None
+
+
 def one_line(e: BaseException, limit: int = 300, with_type: bool = False,
              first_line: bool = False) -> str:
     """An exception from a library (torch, safetensors, pickle, OSError) as one short line:
     whitespace folded, cut at `limit` characters, the class name when the text is empty (or
     always, with `with_type`). `first_line`: only the message's first line (W&B's go on with
-    retry notes)."""
+    retry notes). An OSError with a reason reads as its reason and file ("No such file or
+    directory: 'x'"), without errno or class."""
+    if isinstance(e, OSError) and e.strerror:
+        return e.strerror + (f": '{e.filename}'" if e.filename else "")
     text = str(e).strip()
     if first_line:
         text = text.partition("\n")[0]
@@ -117,7 +134,7 @@ def run_reported(body, show: bool = True, memory_hint: str = "") -> int:
     when less else runs on it), followed by `memory_hint`: which keys to lower."""
     try:
         return body()
-    except (ConfigError, RunFailed, ToolFailed, ServerError) as e:
+    except (BadInput, RunFailed, ToolFailed, ServerError) as e:
         return report(e, show)
     except Exception as e:
         if not is_out_of_memory(e):

@@ -1,14 +1,48 @@
-"""A JSON file of results keyed by everything that produced them (batch_probe.json,
-fp8_layers.json): one entry per key digest, the full key stored beside it so that a digest
-collision or a hand edit never returns another key's result, and writes made atomic by a
-rename so that two runs sharing a cache directory never leave a torn file."""
+"""Files written whole or not at all, and the keyed JSON caches built on them.
+
+`atomic_write` is the one way fp8train replaces a file: write a temporary file beside it, then
+rename it over the target, so that a reader (or a crash) sees the old file or the whole new
+one, never a torn one. The caches (batch_probe.json, fp8_layers.json) keep one entry per key
+digest, with the full key stored beside it so that a digest collision or a hand edit never
+returns another key's result."""
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import json
 import os
 import time
-from typing import Optional
+from typing import Any, Callable, Optional, Union
+
+
+def atomic_write(path: str, data: Union[str, bytes, Callable[[Any], None]], *,
+                 binary: bool = False, fsync: bool = False, unique: bool = False) -> None:
+    """Replace `path` with `data` (text, bytes, or a function that writes to the open file;
+    `binary` for a function that writes bytes). `fsync`: on disk before the rename
+    (checkpoints). `unique`: a temporary name of this process's own, where several processes
+    may write the same file (shared caches, downloads). The temporary file is opened plainly,
+    so the result gets the umask's mode like any new file; it is removed if the write fails."""
+    binary = binary or isinstance(data, bytes)
+    tmp = f"{path}.{os.getpid()}.tmp" if unique else f"{path}.tmp"
+    try:
+        with open(tmp, "wb" if binary else "w", encoding=None if binary else "utf-8") as fh:
+            if callable(data):
+                data(fh)
+            else:
+                fh.write(data)
+            if fsync:
+                fh.flush()
+                os.fsync(fh.fileno())
+        os.replace(tmp, path)
+    except BaseException:
+        with contextlib.suppress(OSError):
+            os.remove(tmp)
+        raise
+
+
+def atomic_write_json(path: str, obj: Any, *, unique: bool = False, **dump_kw) -> None:
+    """`obj` as JSON (json.dump's keyword arguments), replacing `path` atomically."""
+    atomic_write(path, json.dumps(obj, **dump_kw) + "\n", unique=unique)
 
 
 def _digest(key: dict) -> str:
@@ -36,7 +70,4 @@ def write_entry(path: str, key: dict, entry: dict) -> None:
         data = {}
     data[_digest(key)] = dict(key=key, **entry, date=time.strftime("%Y-%m-%d %H:%M:%S"))
     os.makedirs(os.path.dirname(path) or ".", exist_ok=True)
-    tmp = f"{path}.tmp.{os.getpid()}"
-    with open(tmp, "w", encoding="utf-8") as fh:
-        json.dump(data, fh, indent=1, sort_keys=True)
-    os.replace(tmp, path)
+    atomic_write_json(path, data, unique=True, indent=1, sort_keys=True)

@@ -13,7 +13,7 @@ from __future__ import annotations
 
 from typing import Any, Callable, Optional, TypeVar
 
-from .errors import ConfigError, one_line
+from .errors import BadInput, one_line
 
 T = TypeVar("T")
 
@@ -44,7 +44,7 @@ def gather(obj: Any) -> list:
 def on_rank0(compute: Callable[[], T], what: str = "", hint: str = "", *,
              rank: Optional[int] = None, gather_fn: Optional[Callable[[Any], list]] = None) -> T:
     """`compute()` on rank 0 alone while the others wait; every rank returns its value. A
-    ConfigError there is raised on every rank with the same message; any other error becomes a
+    BadInput there is raised on every rank with the same message; any other error becomes a
     RankFailed "<what> failed on rank 0: <error><hint>" (rank 0 keeps the original as its
     cause). `rank` and `gather_fn` default to the process group's (tests pass their own)."""
     rank = rank_world()[0] if rank is None else rank
@@ -53,14 +53,14 @@ def on_rank0(compute: Callable[[], T], what: str = "", hint: str = "", *,
     if rank == 0:
         try:
             mine = ("ok", compute())
-        except ConfigError as e:
+        except BadInput as e:
             mine = ("config", str(e))
         except Exception as e:  # reported on every rank below
             error = e
             mine = ("error", one_line(e, with_type=True))
     status, value = gather_fn(mine)[0]
     if status == "config":
-        raise ConfigError(value)
+        raise BadInput(value)
     if status == "error":
         raise RankFailed(f"{what or 'a step'} failed on rank 0: {value}{hint}") from error
     return value

@@ -28,7 +28,7 @@ import os
 import sys
 
 from fp8train.config.schema import Config
-from fp8train.errors import EXIT_OK, ConfigError, run_reported
+from fp8train.errors import EXIT_OK, BadInput, run_reported
 from fp8train.observe.metrics_reader import first_reaching, load_rows, read_run_config, val_points
 
 # (label, summary key or function of the summary, format)
@@ -87,14 +87,14 @@ def _seconds(seconds: float) -> str:
 def read_run(run_dir: str) -> tuple[dict, list]:
     """(summary, metrics rows). Without summary.json, a partial summary from the metrics."""
     if not os.path.exists(run_dir):
-        raise ConfigError(f"run directory '{run_dir}' does not exist")
+        raise BadInput(f"run directory '{run_dir}' does not exist")
     if not os.path.isdir(run_dir):
-        raise ConfigError(f"'{run_dir}' is a file, not a run directory")
+        raise BadInput(f"'{run_dir}' is a file, not a run directory")
     metrics = os.path.join(run_dir, "metrics.jsonl")
     try:
         rows = load_rows(metrics) if os.path.isfile(metrics) else []
     except (OSError, UnicodeDecodeError) as e:
-        raise ConfigError(f"cannot read '{metrics}': {getattr(e, 'strerror', None) or e}") \
+        raise BadInput(f"cannot read '{metrics}': {getattr(e, 'strerror', None) or e}") \
             from None
     path = os.path.join(run_dir, "summary.json")
     if os.path.isfile(path):
@@ -102,12 +102,12 @@ def read_run(run_dir: str) -> tuple[dict, list]:
             with open(path, encoding="utf-8") as fh:
                 summary = json.load(fh)
         except (OSError, ValueError) as e:
-            raise ConfigError(f"cannot read '{path}': {e}") from None
+            raise BadInput(f"cannot read '{path}': {e}") from None
         if not isinstance(summary, dict):
-            raise ConfigError(f"'{path}' is not a summary (a JSON object)")
+            raise BadInput(f"'{path}' is not a summary (a JSON object)")
         return summary, rows
     if not rows:
-        raise ConfigError(f"'{run_dir}' has neither summary.json nor metrics.jsonl: not a "
+        raise BadInput(f"'{run_dir}' has neither summary.json nor metrics.jsonl: not a "
                           "run directory")
     evals = [r for r in rows if "val/loss" in r]
     summary = {"status": "no summary.json (unfinished?)", "steps": rows[-1]["step"],
@@ -306,12 +306,12 @@ def main(argv=None) -> int:
 
 
 def compare(a) -> int:
-    """The table (printed and written) and the plot; ConfigError for bad input."""
+    """The table (printed and written) and the plot; BadInput for bad input."""
     seen = {}
     for d in a.run_dirs:
         real = os.path.realpath(d)
         if real in seen:
-            raise ConfigError(f"run directory '{d}' is given twice (as '{seen[real]}' too)")
+            raise BadInput(f"run directory '{d}' is given twice (as '{seen[real]}' too)")
         seen[real] = d
     runs = [read_run(d) for d in a.run_dirs]
     configs = [read_run_config(d) for d in a.run_dirs]
@@ -326,14 +326,14 @@ def compare(a) -> int:
         with open(os.path.join(a.out, "compare.md"), "w", encoding="utf-8") as fh:
             fh.write(md + "\n")
     except OSError as e:
-        raise ConfigError(f"cannot write to '{a.out}': {e.strerror or e}") from None
+        raise BadInput(f"cannot write to '{a.out}': {e.strerror or e}") from None
     print(md)
     for note in notes:
         print(f"note: {note}")
     if not a.no_plot:
         import importlib.util
         if importlib.util.find_spec("matplotlib") is None:
-            raise ConfigError("the plot needs matplotlib: pip install matplotlib (or --no_plot)")
+            raise BadInput("the plot needs matplotlib: pip install matplotlib (or --no_plot)")
         dest = os.path.join(a.out, "val_loss.png")
         note = plot(names, [r for _, r in runs], a.x, dest)
         print(f"\nwrote {os.path.join(a.out, 'compare.md')} and {dest}")

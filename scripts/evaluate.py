@@ -31,12 +31,12 @@ def main(argv=None) -> int:
     p.add_argument("--json", action="store_true", help="print the result as one JSON object")
     a = p.parse_args(argv)
 
-    from fp8train.errors import ConfigError, run_reported
+    from fp8train.errors import BadInput, run_reported
 
     def body():
         for key in ("eval_sequences", "batch_size"):
             if getattr(a, key) is not None and getattr(a, key) < 1:
-                raise ConfigError(f"--{key} must be at least 1")
+                raise BadInput(f"--{key} must be at least 1")
         from fp8train.evaluate.evaluation import evaluate
         quiet = (lambda m: print(m, file=sys.stderr)) if a.json else print
         r = evaluate(a.checkpoint, a.split, a.eval_sequences, a.whole, a.batch_size, a.data_dir,

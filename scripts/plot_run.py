@@ -9,7 +9,7 @@ import os
 import re
 import sys
 
-from fp8train.errors import EXIT_OK, ConfigError, run_reported
+from fp8train.errors import EXIT_OK, BadInput, run_reported
 from fp8train.observe.metrics_reader import load_rows, lr_schedule, read_run_config, resume_steps
 
 LAYER_SCALE = re.compile(r"^fp8/(.+)/((?:fwd|bwd)_scale_\w+)$")
@@ -35,20 +35,20 @@ def main(argv=None) -> int:
 
 
 def read_metrics(run_dir: str) -> list:
-    """The run's metrics rows; ConfigError when there are none to plot."""
+    """The run's metrics rows; BadInput when there are none to plot."""
     path = os.path.join(run_dir, "metrics.jsonl")
     if not os.path.exists(run_dir):
-        raise ConfigError(f"run directory '{run_dir}' does not exist")
+        raise BadInput(f"run directory '{run_dir}' does not exist")
     if not os.path.isdir(run_dir):
-        raise ConfigError(f"'{run_dir}' is a file, not a run directory")
+        raise BadInput(f"'{run_dir}' is a file, not a run directory")
     if not os.path.isfile(path):
-        raise ConfigError(f"no metrics.jsonl in '{run_dir}' (expected '{path}')")
+        raise BadInput(f"no metrics.jsonl in '{run_dir}' (expected '{path}')")
     try:
         rows = load_rows(path)
     except (OSError, UnicodeDecodeError) as e:
-        raise ConfigError(f"cannot read '{path}': {getattr(e, 'strerror', None) or e}") from None
+        raise BadInput(f"cannot read '{path}': {getattr(e, 'strerror', None) or e}") from None
     if not rows:
-        raise ConfigError(f"'{path}' is empty (no metrics rows with a step)")
+        raise BadInput(f"'{path}' is empty (no metrics rows with a step)")
     return rows
 
 
@@ -56,7 +56,7 @@ def _pyplot():
     try:
         import matplotlib
     except ImportError:
-        raise ConfigError("plot_run.py needs matplotlib: pip install matplotlib") from None
+        raise BadInput("plot_run.py needs matplotlib: pip install matplotlib") from None
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
     plt.rcParams.update({"axes.grid": True, "grid.alpha": 0.3})
@@ -68,9 +68,9 @@ def _out_dir(a) -> str:
     try:
         os.makedirs(out, exist_ok=True)
     except OSError as e:
-        raise ConfigError(f"cannot create '{out}': {e.strerror or e}") from None
+        raise BadInput(f"cannot create '{out}': {e.strerror or e}") from None
     if not os.access(out, os.W_OK):
-        raise ConfigError(f"cannot write to '{out}'")
+        raise BadInput(f"cannot write to '{out}'")
     return out
 
 
@@ -221,7 +221,7 @@ class Plots:
 
 
 def plot_run(a) -> int:
-    """Every plot of the run a.run_dir; ConfigError for bad input."""
+    """Every plot of the run a.run_dir; BadInput for bad input."""
     rows = read_metrics(a.run_dir)
     plt = _pyplot()
     out = _out_dir(a)

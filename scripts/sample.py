@@ -28,14 +28,14 @@ def main(argv=None) -> int:
     p.add_argument("--json", action="store_true", help="one JSON object per sample")
     a = p.parse_args(argv)
 
-    from fp8train.errors import ConfigError, run_reported
+    from fp8train.errors import BadInput, run_reported
 
     def body():
         for key, low in (("num_samples", 1), ("max_new_tokens", 1), ("top_k", 0)):
             if getattr(a, key) < low:
-                raise ConfigError(f"--{key} must be at least {low}, got {getattr(a, key)}")
+                raise BadInput(f"--{key} must be at least {low}, got {getattr(a, key)}")
         if not a.temperature >= 0:
-            raise ConfigError(f"--temperature must be 0 (greedy) or more, got {a.temperature}")
+            raise BadInput(f"--temperature must be 0 (greedy) or more, got {a.temperature}")
         from fp8train.evaluate.samples import sample_text
         texts = sample_text(a.checkpoint, a.prompt, a.num_samples, a.max_new_tokens,
                             a.temperature, a.top_k, a.seed, a.device,

@@ -6,7 +6,7 @@
 import argparse
 import sys
 
-from fp8train.errors import EXIT_OK, ConfigError, run_reported
+from fp8train.errors import EXIT_OK, BadInput, run_reported
 from fp8train.train.schedule import lr_at
 
 
@@ -27,7 +27,7 @@ def main(argv=None) -> int:
 
 
 def plot_schedule(a) -> int:
-    """Print sampled values, then write the PNG; ConfigError when it cannot be written."""
+    """Print sampled values, then write the PNG; BadInput when it cannot be written."""
     kw = dict(max_lr=a.max_lr, warmup_steps=a.warmup_steps, total_steps=a.total_steps,
               min_lr_ratio=a.min_lr_ratio)
     steps = list(range(a.total_steps))
@@ -42,7 +42,7 @@ def plot_schedule(a) -> int:
     try:
         import matplotlib
     except ImportError:
-        raise ConfigError("the plot needs matplotlib: pip install matplotlib "
+        raise BadInput("the plot needs matplotlib: pip install matplotlib "
                           "(or -e '.[dev]')") from None
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
@@ -59,7 +59,7 @@ def plot_schedule(a) -> int:
     try:
         fig.savefig(a.output, dpi=100)
     except OSError as e:
-        raise ConfigError(f"cannot write '{a.output}': {e.strerror or e}") from None
+        raise BadInput(f"cannot write '{a.output}': {e.strerror or e}") from None
     print(f"wrote {a.output}")
     return EXIT_OK
 

@@ -18,7 +18,8 @@ from fp8train.batch import fit as autobatch
 from fp8train.batch.fit import (Probe, StepTimes, Timing, combine_timings, fastest,
                                 plan_from_fit, search_max_batch, speed_candidates,
                                 step_tokens_per_sec, time_candidates)
-from fp8train.config.load import Config, ConfigError, load_config
+from fp8train.config.load import Config, load_config
+from fp8train.errors import BadInput
 from fp8train.train.schedule import scaled_lr
 
 
@@ -154,7 +155,7 @@ def test_plan_hits_the_target_exactly_for_every_combination():
 
 def test_target_not_divisible_by_world_is_an_error_with_the_nearest_targets():
     cfg = Config(target_effective_batch_size=100, source="run.yaml")
-    with pytest.raises(ConfigError, match=r"run.yaml: key 'target_effective_batch_size' \(100\) "
+    with pytest.raises(BadInput, match=r"run.yaml: key 'target_effective_batch_size' \(100\) "
                                           r"is not divisible by the world size \(8\); nearest "
                                           r"valid: 96 or 104"):
         plan_from_fit(cfg, 8, 64)
@@ -165,9 +166,9 @@ def test_lr_scaling_rules():
     lr, note = scaled_lr(3e-3, "sqrt", 512, 256)
     assert lr == pytest.approx(3e-3 * math.sqrt(2)) and "sqrt(512/256)" in note
     assert scaled_lr(3e-3, "linear", 128, 256)[0] == pytest.approx(1.5e-3)
-    with pytest.raises(ConfigError, match="lr_reference_batch_size is not set"):
+    with pytest.raises(BadInput, match="lr_reference_batch_size is not set"):
         load_config(["--lr_scaling", "sqrt"])
-    with pytest.raises(ConfigError, match="'gradient_accumulation_steps' is derived"):
+    with pytest.raises(BadInput, match="'gradient_accumulation_steps' is derived"):
         load_config(["--auto_batch_size", "--target_effective_batch_size=64",
                      "--gradient_accumulation_steps=2"])
 

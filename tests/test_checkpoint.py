@@ -5,7 +5,7 @@ import os
 import pytest
 
 from fp8train.checkpoint.manager import CheckpointManager, TrainState, resolve_resume
-from fp8train.config.load import ConfigError
+from fp8train.errors import BadInput
 
 
 @pytest.fixture(autouse=True)
@@ -62,11 +62,11 @@ def test_resolve_resume(tmp_path):
     empty = CheckpointManager(str(tmp_path / "fresh"), keep=3)
     assert resolve_resume("never", empty) is None and resolve_resume("auto", empty) is None
     m = saved(tmp_path, 5)
-    with pytest.raises(ConfigError, match="already holds checkpoints"):
+    with pytest.raises(BadInput, match="already holds checkpoints"):
         resolve_resume("never", m)
     assert resolve_resume("auto", m).endswith("step_0000005")
     assert resolve_resume(str(tmp_path), m).endswith("step_0000005")  # a run directory
-    with pytest.raises(ConfigError, match="not a checkpoint directory: it holds checkpoints"):
+    with pytest.raises(BadInput, match="not a checkpoint directory: it holds checkpoints"):
         resolve_resume(str(tmp_path / "checkpoints"), m)
 
 
@@ -237,13 +237,13 @@ def test_restore_refuses_another_format_before_loading_anything(tmp_path):
     manifest = json.loads(open(os.path.join(path, MANIFEST)).read())
     (tmp_path / "checkpoints" / "step_0000005" / MANIFEST).write_text(
         json.dumps({**manifest, "format": 1}))
-    with pytest.raises(ConfigError, match=r"cannot resume from .*step_0000005': it was written "
+    with pytest.raises(BadInput, match=r"cannot resume from .*step_0000005': it was written "
                                           r"by another version of fp8train \(checkpoint format 1; "
                                           r"this version resumes checkpoint format 2"):
         m.restore(acc, path, TrainState())
     (tmp_path / "checkpoints" / "step_0000005" / MANIFEST).write_text(json.dumps(manifest))
     (tmp_path / "checkpoints" / "step_0000005" / TRAIN_STATE).write_text('{"step": "five"}')
-    with pytest.raises(ConfigError, match=f"{TRAIN_STATE} cannot be read"):
+    with pytest.raises(BadInput, match=f"{TRAIN_STATE} cannot be read"):
         m.restore(acc, path, TrainState())
     assert acc.loaded is None
 
@@ -305,7 +305,7 @@ def test_a_latest_pointer_naming_nothing_is_said_once_and_the_newest_good_one_us
     assert resolve_resume("auto", m, warn=warned.append).endswith("step_0000002")
     assert len(warned) == 1 and "latest' names" in warned[0] and "step_0000002" in warned[0]
     assert m.latest().endswith("step_0000002")   # readable whatever the pointer holds
-    with pytest.raises(ConfigError, match="already holds checkpoints"):
+    with pytest.raises(BadInput, match="already holds checkpoints"):
         resolve_resume("never", m)
     (tmp_path / "checkpoints" / "latest").write_text("step_0000001\n")   # behind: a crash
     warned.clear()
@@ -318,7 +318,7 @@ def test_when_no_checkpoint_is_usable_the_run_stops_naming_the_directory(tmp_pat
     for s in (1, 2):
         (tmp_path / "checkpoints" / f"step_{s:07d}" / "manifest.json").write_text("{")
     warned = []
-    with pytest.raises(ConfigError, match=r"no usable checkpoint in '.*checkpoints' \(2 tried"):
+    with pytest.raises(BadInput, match=r"no usable checkpoint in '.*checkpoints' \(2 tried"):
         resolve_resume("auto", m, warn=warned.append)
     assert len(warned) == 2 and len(m.complete()) == 2   # each named; nothing moved
 
@@ -333,7 +333,7 @@ def test_an_intact_checkpoint_of_another_format_is_refused_not_passed_over(tmp_p
     path = tmp_path / "checkpoints" / "step_0000002" / "manifest.json"
     path.write_text(json.dumps({**json.loads(path.read_text()), "format": fmt}))
     for resume in ("auto", str(path.parent), str(tmp_path)):
-        with pytest.raises(ConfigError, match=r"cannot resume from '.*step_0000002': it was "
+        with pytest.raises(BadInput, match=r"cannot resume from '.*step_0000002': it was "
                                               + expect.replace("(", r"\(")):
             resolve_resume(resume, m)
     assert [s for s, _ in m.complete()] == [1, 2]          # nothing moved aside
@@ -343,12 +343,12 @@ def test_a_checkpoint_named_explicitly_is_never_replaced_by_another(tmp_path):
     m = saved(tmp_path, 1, 2)
     newest = tmp_path / "checkpoints" / "step_0000002"
     _no_manifest_and("model.safetensors")(newest)
-    with pytest.raises(ConfigError, match=f"key 'resume': cannot resume from '{newest}': no "
+    with pytest.raises(BadInput, match=f"key 'resume': cannot resume from '{newest}': no "
                                           "manifest.json: every checkpoint"):
         resolve_resume(str(newest), m)
     older = tmp_path / "checkpoints" / "step_0000001"
     (older / "model.safetensors").write_bytes(b"x")
-    with pytest.raises(ConfigError, match=f"key 'resume': checkpoint '{older}' is unusable: "
+    with pytest.raises(BadInput, match=f"key 'resume': checkpoint '{older}' is unusable: "
                                           "file 'model.safetensors' has 1 bytes"):
         resolve_resume(str(older), m)
     assert newest.is_dir() and older.is_dir()
@@ -403,7 +403,7 @@ def test_auto_that_finds_nothing_says_so_unless_a_sweep_trial_implied_it(tmp_pat
 def test_a_checkpoints_path_that_is_a_file_is_refused(tmp_path):
     (tmp_path / "checkpoints").write_text("x")
     for resume in ("auto", "never"):
-        with pytest.raises(ConfigError, match="checkpoints' is a file"):
+        with pytest.raises(BadInput, match="checkpoints' is a file"):
             resolve_resume(resume, CheckpointManager(str(tmp_path), keep=3))
 
 
@@ -488,7 +488,7 @@ def test_a_read_error_that_proves_nothing_moves_no_checkpoint_aside(tmp_path, mo
         monkeypatch.setattr("builtins.open", flaky)
     else:
         monkeypatch.setattr(ckpt.os, where, flaky)
-    with pytest.raises(ConfigError, match=r"step_0000002' cannot be read \(.*nothing was moved"):
+    with pytest.raises(BadInput, match=r"step_0000002' cannot be read \(.*nothing was moved"):
         resolve_resume("auto", m, warn=lambda msg: None)
     monkeypatch.undo()
     assert sorted(os.listdir(tmp_path / "checkpoints")) == ["latest", "step_0000001",

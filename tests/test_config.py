@@ -11,7 +11,8 @@ import yaml
 from conftest import ROOT
 from fp8train.config import load as C
 from fp8train.batch.plan import BatchPlan, manual_plan
-from fp8train.config.load import ConfigError, load_config
+from fp8train.config.load import load_config
+from fp8train.errors import BadInput
 
 
 def write(tmp_path, text, name="x.yaml"):
@@ -22,13 +23,13 @@ def write(tmp_path, text, name="x.yaml"):
 
 def test_unknown_key_suggests_the_right_one(tmp_path):
     path = write(tmp_path, "lerning_rate: 0.1\n")
-    with pytest.raises(ConfigError) as e:
+    with pytest.raises(BadInput) as e:
         load_config(["--config", path])
     assert str(e.value) == f"unknown key 'lerning_rate' in {path} (did you mean 'learning_rate'?)"
 
 
 def test_unknown_cli_option_suggests_the_right_one():
-    with pytest.raises(ConfigError, match=r"unknown option '--warmup_step' in the command line "
+    with pytest.raises(BadInput, match=r"unknown option '--warmup_step' in the command line "
                                           r"\(did you mean '--warmup_steps'\?\)"):
         load_config(["--warmup_step", "5"])
 
@@ -51,7 +52,7 @@ def test_unknown_cli_option_suggests_the_right_one():
 ])
 def test_bad_values_name_file_and_key(tmp_path, text, key):
     path = write(tmp_path, text)
-    with pytest.raises(ConfigError) as e:
+    with pytest.raises(BadInput) as e:
         load_config(["--config", path])
     msg = str(e.value)
     assert path in msg and f"'{key}'" in msg and "\n" not in msg
@@ -78,7 +79,7 @@ def test_yaml_scalars_mean_what_yaml_1_2_says(tmp_path):
 
 
 def test_duplicate_keys_are_refused_in_any_yaml_the_project_reads(tmp_path):
-    with pytest.raises(ConfigError, match=r"line 4: key 'values' is given twice \(first on "
+    with pytest.raises(BadInput, match=r"line 4: key 'values' is given twice \(first on "
                                           r"line 3\)"):
         C.read_yaml(write(tmp_path, "parameters:\n  lr:\n    values: [1]\n    values: [2]\n"))
 
@@ -153,11 +154,11 @@ def test_cli_overrides_yaml_in_both_spellings(tmp_path):
 
 
 def test_cli_errors():
-    with pytest.raises(ConfigError, match="'--seq_len' needs a value"):
+    with pytest.raises(BadInput, match="'--seq_len' needs a value"):
         load_config(["--seq_len"])
-    with pytest.raises(ConfigError, match="unexpected argument 'stray'"):
+    with pytest.raises(BadInput, match="unexpected argument 'stray'"):
         load_config(["stray"])
-    with pytest.raises(ConfigError, match="the command line: key 'seq_len'"):
+    with pytest.raises(BadInput, match="the command line: key 'seq_len'"):
         load_config(["--seq_len=abc"])
 
 
@@ -270,9 +271,9 @@ def test_manual_batch_plan():
     assert plan_for(8, batch_size=16, target_effective_batch_size=512) == BatchPlan(16, 4, 8)
     assert plan_for(2, batch_size=4, gradient_accumulation_steps=3,
                     target_effective_batch_size=24).effective == 24
-    with pytest.raises(ConfigError, match="nearest valid: 384 or 512"):
+    with pytest.raises(BadInput, match="nearest valid: 384 or 512"):
         plan_for(8, batch_size=16, target_effective_batch_size=500)
-    with pytest.raises(ConfigError, match="= 32, but target_effective_batch_size is 64"):
+    with pytest.raises(BadInput, match="= 32, but target_effective_batch_size is 64"):
         plan_for(1, batch_size=16, gradient_accumulation_steps=2, target_effective_batch_size=64)
 
 

@@ -4,7 +4,7 @@ import os
 import numpy as np
 import pytest
 
-from fp8train.config.load import ConfigError
+from fp8train.errors import BadInput
 from fp8train.data.loader import (ByteTokenizer, RandomWindows, build_tokenizer, corpus_path,
                            load_tokens, val_batches)
 
@@ -25,7 +25,7 @@ def test_tinyshakespeare_split_is_90_10_and_contiguous(data_dir):
 
 def test_missing_corpus_offline_names_the_path(tmp_path, monkeypatch):
     monkeypatch.setenv("FP8TRAIN_OFFLINE", "1")
-    with pytest.raises(ConfigError) as e:
+    with pytest.raises(BadInput) as e:
         corpus_path("tinyshakespeare", str(tmp_path))
     msg = str(e.value)
     assert str(tmp_path / "tinyshakespeare.txt") in msg and "offline" in msg
@@ -35,7 +35,7 @@ def test_missing_corpus_offline_names_the_path(tmp_path, monkeypatch):
 def test_unprepared_large_dataset_is_a_clear_error(tmp_path):
     from fp8train.data.loader import load_prepared, prepared_dir
     d = prepared_dir("fineweb-edu", str(tmp_path))
-    with pytest.raises(ConfigError, match=r"dataset 'fineweb-edu' is not prepared: .* run: "
+    with pytest.raises(BadInput, match=r"dataset 'fineweb-edu' is not prepared: .* run: "
                                           r"python scripts/prepare_data.py --dataset fineweb-edu "
                                           r"--tokenizer gpt2 --data_dir "):
         load_prepared(d, "fineweb-edu", str(tmp_path), "gpt2", 64)
@@ -46,9 +46,9 @@ def test_local_text_file_and_too_small_corpus(tmp_path):
     p.write_text("hello world\n" * 100)
     splits = load_tokens(str(p), "unused", ByteTokenizer(), 16, 0.1)
     assert len(splits.train) == 1080 and len(splits.val) == 120
-    with pytest.raises(ConfigError, match="fewer than seq_len"):
+    with pytest.raises(BadInput, match="fewer than seq_len"):
         load_tokens(str(p), "unused", ByteTokenizer(), 512, 0.1)
-    with pytest.raises(ConfigError, match="not found"):
+    with pytest.raises(BadInput, match="not found"):
         corpus_path(str(tmp_path / "missing.txt"), "unused")
 
 
@@ -95,7 +95,7 @@ def test_hf_tokenizer_from_a_local_directory(tmp_path):
 
 def test_unknown_hf_tokenizer_is_a_config_error(tmp_path, monkeypatch):
     monkeypatch.setenv("HF_HUB_OFFLINE", "1")  # the hub is unreachable here; fail fast
-    with pytest.raises(ConfigError, match="key 'tokenizer': cannot load tokenizer"):
+    with pytest.raises(BadInput, match="key 'tokenizer': cannot load tokenizer"):
         build_tokenizer(str(tmp_path / "no-such-tokenizer"))
 
 
@@ -125,10 +125,10 @@ def test_download_checks_the_checksum_and_writes_atomically(tmp_path, local_serv
     (root / "bad.txt").write_text("not shakespeare")
     monkeypatch.setattr(D, "TINYSHAKESPEARE_URL", f"{url}/bad.txt")
     dest = tmp_path / "data"
-    with pytest.raises(ConfigError, match="checksum mismatch"):
+    with pytest.raises(BadInput, match="checksum mismatch"):
         corpus_path("tinyshakespeare", str(dest), log=lambda m: None)
     assert not (dest / "tinyshakespeare.txt").exists()
-    assert not [p for p in dest.iterdir() if p.suffix == ".part"]
+    assert not [p for p in dest.iterdir() if p.suffix in (".part", ".tmp")]   # no partial file
     (root / "input.txt").write_bytes(open(os.path.join(data_dir, "tinyshakespeare.txt"), "rb").read())
     monkeypatch.setattr(D, "TINYSHAKESPEARE_URL", f"{url}/input.txt")
     path = corpus_path("tinyshakespeare", str(dest), log=lambda m: None)
@@ -229,7 +229,7 @@ def test_body_token_ids_are_scanned_once_and_rescanned_when_a_shard_changes(tmp_
     shard = d / "train_000000.bin"
     _put_token(shard, 1234, 999)                # same size: the mtime tells it changed
     os.utime(shard, ns=(shard.stat().st_atime_ns, shard.stat().st_mtime_ns + 10**9))
-    with pytest.raises(ConfigError, match=r"shard '.*train_000000.bin' holds token id 999, "
+    with pytest.raises(BadInput, match=r"shard '.*train_000000.bin' holds token id 999, "
                                           r"outside the dataset's vocabulary of 257 \(the first "
                                           r"such id is at position 1,234; the header says at "
                                           r"most 255\)"):
@@ -245,7 +245,7 @@ def test_a_dataset_whose_record_cannot_be_written_is_still_checked(tmp_path):
     (d / CHECKED_FILE).mkdir()
     _put_token(d / "val_000000.bin", 7, 400)
     said = []
-    with pytest.raises(ConfigError, match="holds token id 400"):
+    with pytest.raises(BadInput, match="holds token id 400"):
         load_prepared(str(d), str(d), str(tmp_path), "byte", 32, log=said.append)
     assert "not recorded" in said[0] and "every run checks them again" in said[0]
     assert not [p for p in d.iterdir() if p.name.endswith(".tmp")]
@@ -285,7 +285,7 @@ def test_synthetic_data_is_checked_against_seq_len():
     from types import SimpleNamespace
     from fp8train.data.loader import load_splits
     cfg = SimpleNamespace(dataset="synthetic", seq_len=300_000)
-    with pytest.raises(ConfigError, match="dataset 'synthetic': the val split has 262,144 tokens"):
+    with pytest.raises(BadInput, match="dataset 'synthetic': the val split has 262,144 tokens"):
         load_splits(cfg)
 
 

@@ -10,7 +10,8 @@ from torch import nn
 
 from conftest import run_train, tiny_args
 from fp8train.ranks import on_rank0
-from fp8train.config.load import Config, ConfigError, load_config
+from fp8train.config.load import Config, load_config
+from fp8train.errors import BadInput
 from fp8train.precision import build_precision
 from fp8train.precision import policy
 from fp8train.precision.layers import select_linears
@@ -324,10 +325,10 @@ def test_config_keys():
                       (["--fp8_auto_margin=-0.1"], "'fp8_auto_margin'"),
                       (["--fp8_min_layer_size=4096"], "'fp8_min_layer_size'"),
                       (["--fp8_layers=all", "--fp8_min_layer_size=1"], "'fp8_min_layer_size'")]:
-        with pytest.raises(ConfigError) as e:
+        with pytest.raises(BadInput) as e:
             load_config(argv)
         assert key in str(e.value) and "\n" not in str(e.value)
-    with pytest.raises(ConfigError, match="applies only with fp8_layers: min_size, but "
+    with pytest.raises(BadInput, match="applies only with fp8_layers: min_size, but "
                                           "fp8_layers is 'auto'"):
         load_config(["--fp8_min_layer_size=4096"])
 

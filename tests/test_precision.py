@@ -375,8 +375,8 @@ def test_te_falls_back_on_cpu_or_stops_when_told():
     assert prec.name == "fp32" and not prec.fp8
     assert len(warnings) == 1 and "Training WITHOUT FP8" in warnings[0]
     assert prec.derived()["fp8"].startswith("off (fallback: te: Transformer Engine needs a CUDA")
-    from fp8train.config.load import ConfigError
-    with pytest.raises(ConfigError, match="key 'fp8_backend': 'te' cannot run here"):
+    from fp8train.errors import BadInput
+    with pytest.raises(BadInput, match="key 'fp8_backend': 'te' cannot run here"):
         build_precision(Config(use_fp8=True, fp8_backend="te", fp8_fallback="error"), CPU,
                         warnings.append)
 

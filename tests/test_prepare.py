@@ -425,7 +425,7 @@ def test_ctrl_c_leaves_a_resumable_folder_that_training_refuses(tmp_path):
     """SIGINT mid-run: exit 3 with one line, no traceback (the tokenizer workers too), no
     meta.json, so training refuses the folder, and the progress a rerun resumes from."""
     from fp8train.data.loader import load_prepared
-    from fp8train.errors import ConfigError
+    from fp8train.errors import BadInput
     out = tmp_path / "cut"
     args = ["--dataset", os.path.join(DATA_DIR, "tinyshakespeare.txt"), "--tokenizer", "byte",
             "--output_dir", out, "--val_tokens", 1000, "--shard_tokens", 200, "--num_proc", 2]
@@ -441,7 +441,7 @@ def test_ctrl_c_leaves_a_resumable_folder_that_training_refuses(tmp_path):
     assert err.startswith("error: interrupted: ") and len(err.strip().splitlines()) == 1, err
     assert "run the same command again to resume" in err
     assert not (out / "meta.json").exists()
-    with pytest.raises(ConfigError, match="has no meta.json"):
+    with pytest.raises(BadInput, match="has no meta.json"):
         load_prepared(str(out), str(out), str(tmp_path), "byte", 32)
     assert (out / ".progress.json").exists()  # what a rerun resumes from (tested above)
 

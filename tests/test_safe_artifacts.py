@@ -22,7 +22,7 @@ from conftest import ROOT, run_train, tiny_args
 from fp8train.checkpoint.manager import MANIFEST_FORMAT, TRAIN_STATE, verify
 from fp8train.checkpoint.safe_load import (DCP_METADATA_GLOBALS, TE_EXTRA_STATE_GLOBALS, _check_pickle,
                                 _Unsafe, rng_globals, unsafe_content)
-from fp8train.config.load import ConfigError
+from fp8train.errors import BadInput
 
 # Two checkpoints (steps 1 and 2) per run, in seconds.
 SHORT = dict(max_steps=2, checkpoint_interval=1, eval_interval=100, eval_sequences=8,
@@ -357,12 +357,12 @@ def test_dcp_metadata_and_items_are_checked(tmp_path):
     why = unsafe_content(str(ckpt))
     assert "pytorch_model_fsdp_0/.metadata" in why and "item 'model.n'" in why \
         and "posix.system" in why
-    with pytest.raises(ConfigError, match="posix.system"):
+    with pytest.raises(BadInput, match="posix.system"):
         read_state(str(ckpt))
     # the metadata itself: DCP reads it with pickle.load
     (sharded / ".metadata").write_bytes(pickle.dumps(RunsCommand(f"touch '{marker}'")))
     assert "posix.system" in unsafe_content(str(ckpt))
-    with pytest.raises(ConfigError, match="posix.system"):
+    with pytest.raises(BadInput, match="posix.system"):
         read_state(str(ckpt))
     assert not marker.exists()
 

@@ -20,7 +20,9 @@ import pytest
 import torch
 from torch import nn
 
-from fp8train.config.load import Config, ConfigError
+from fp8train.config.load import Config
+
+from fp8train.errors import BadInput
 from fp8train.precision import build_precision
 from fp8train.precision import te as te_backend
 from fp8train.precision.scaling import (E4M3, SAMPLE, block_amax, block_scales,
@@ -158,7 +160,7 @@ def test_a_recipe_te_refuses_is_one_config_error_line(te, monkeypatch):
     becomes one line naming both keys."""
     monkeypatch.setitem(te_backend._FORMAT_NAMES, "e4m3", "E5M2")
     cfg = Config(use_fp8=True, fp8_backend="te", fp8_recipe="block", fp8_format="e4m3")
-    with pytest.raises(ConfigError) as e:
+    with pytest.raises(BadInput) as e:
         te_backend.build_recipe(cfg, te.recipes)
     text = str(e.value)
     assert "\n" not in text and "key 'fp8_format'" in text and "fp8_recipe: block" in text
@@ -200,7 +202,7 @@ def test_unavailable_gives_tes_reason_for_the_chosen_recipe(te, monkeypatch, rec
              f"Float8BlockScaling)"
     assert not prec.fp8 and len(warnings) == 1 and reason in warnings[0], warnings
     assert prec.derived()["fp8"] == f"off (fallback: te: {reason})"
-    with pytest.raises(ConfigError, match="'te' cannot run here: FP8 block scaled GEMM") as e:
+    with pytest.raises(BadInput, match="'te' cannot run here: FP8 block scaled GEMM") as e:
         build_precision(Config(use_fp8=True, fp8_backend="te", fp8_recipe="block",
                                fp8_fallback="error"), cuda, warnings.append)
     assert "\n" not in str(e.value)

@@ -10,7 +10,7 @@ import torch
 
 from ..checkpoint.resume import saved_micro_batch
 from ..config.load import Config, origin_layer
-from ..errors import ConfigError
+from ..errors import BadInput
 from ..model import GPT
 from ..precision import Precision, build_precision
 from ..train.optimizer import build_optimizer
@@ -46,7 +46,7 @@ def run_length(cfg: Config, train_tokens: int, plan: BatchPlan) -> RunLength:
             origin_layer(cfg, "warmup_steps") >= origin_layer(cfg, "num_epochs"):
         # As for max_steps (config.validate): a length set with the warmup, or after it, means
         # both, and they contradict each other. Epochs become steps only now, with the data.
-        raise ConfigError(f"{cfg.where('warmup_steps', 'num_epochs')}: key 'warmup_steps' "
+        raise BadInput(f"{cfg.where('warmup_steps', 'num_epochs')}: key 'warmup_steps' "
                           f"({cfg.warmup_steps}) must be smaller than the run's total steps "
                           f"(num_epochs {cfg.num_epochs} × {steps_per_epoch} steps/epoch = "
                           f"{lr_steps}): the LR would never decay")

@@ -30,8 +30,8 @@ from typing import Callable, Optional
 
 import torch
 
-from ..config.load import Config, ConfigError
-from ..errors import is_out_of_memory, one_line
+from ..config.load import Config
+from ..errors import BadInput, is_out_of_memory, one_line
 from ..io import read_entry, write_entry
 from ..model import compiled
 from ..ranks import RankFailed, gather
@@ -266,7 +266,7 @@ class Fit:
     cached: bool
 
 
-class DoesNotFit(ConfigError):
+class DoesNotFit(BadInput):
     """Micro-batch 1 does not fit the memory budget (on some rank)."""
 
 
@@ -427,7 +427,7 @@ def check_target(cfg: Config, world: int) -> int:
     target = cfg.target_effective_batch_size
     if target % world:
         near = nearest_valid_targets(target, world)
-        raise ConfigError(
+        raise BadInput(
             f"{cfg.where('target_effective_batch_size')}: key 'target_effective_batch_size' "
             f"({target}) is not divisible by the "
             f"world size ({world}); nearest valid: {' or '.join(map(str, near))}")

@@ -3,7 +3,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from ..config.load import Config, ConfigError
+from ..config.load import Config
+from ..errors import BadInput
 
 
 @dataclass(frozen=True)
@@ -39,13 +40,13 @@ def manual_plan(cfg: Config, world: int) -> BatchPlan:
     if accum is None:
         if target % per_step:
             near = nearest_valid_targets(target, per_step)
-            raise ConfigError(
+            raise BadInput(
                 f"{src}: key 'target_effective_batch_size' ({target}) is not a multiple of "
                 f"batch_size × world size = {micro} × {world} = {per_step}; nearest valid: "
                 f"{' or '.join(map(str, near))}")
         return BatchPlan(micro, target // per_step, world)
     if micro * accum * world != target:
-        raise ConfigError(
+        raise BadInput(
             f"{src}: batch_size × gradient_accumulation_steps × world size = {micro} × {accum} "
             f"× {world} = {micro * accum * world}, but target_effective_batch_size is {target}")
     return BatchPlan(micro, accum, world)

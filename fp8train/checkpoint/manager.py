@@ -32,10 +32,11 @@ import threading
 import time
 from concurrent.futures import ThreadPoolExecutor
 
-from ..config.load import RESUME_FREE, ConfigError
+from ..config.load import RESUME_FREE
 from ..config.schema import upgrade_saved
+from ..errors import BadInput, close_matches, one_line
+from ..io import atomic_write
 from ..ranks import first_error
-from .safe_load import describe_error as _describe
 from .safe_load import unsafe_content
 from .train_state import TrainState
 
@@ -76,7 +77,7 @@ class BackgroundSave:
             try:
                 write()
             except BaseException as e:   # reported at the next wait, not by the thread
-                self.error = _describe(e)
+                self.error = one_line(e, with_type=True)
             self.save_s = time.perf_counter() - self.started
             self.stall_s = watch.stop()
         # Not a daemon: a process that exits otherwise than by a kill finishes the write first.
@@ -110,17 +111,17 @@ def step_of(path: str) -> int:
 
 
 def read_train_state(path: str) -> TrainState:
-    """The counters of checkpoint `path`. ConfigError, in one line, for a checkpoint this version
+    """The counters of checkpoint `path`. BadInput, in one line, for a checkpoint this version
     cannot resume (`resume_refusal`) or an unreadable train_state.json."""
     refusal = resume_refusal(path)
     if refusal:
-        raise ConfigError(f"cannot resume from '{path}': {refusal}")
+        raise BadInput(f"cannot resume from '{path}': {refusal}")
     try:
         with open(os.path.join(path, TRAIN_STATE), encoding="utf-8") as fh:
             return TrainState.from_dict(json.load(fh))
     except (OSError, ValueError) as e:   # json's errors are ValueErrors
-        raise ConfigError(f"cannot resume from '{path}': {TRAIN_STATE} cannot be read "
-                          f"({_describe(e)})") from None
+        raise BadInput(f"cannot resume from '{path}': {TRAIN_STATE} cannot be read "
+                          f"({one_line(e, with_type=True)})") from None
 
 
 def resume_refusal(path: str) -> str | None:
@@ -277,7 +278,7 @@ class CheckpointManager:
 
     def restore(self, accelerator, path: str, state: TrainState) -> None:
         """Load checkpoint `path` (verified) into the prepared model and optimizer and every
-        rank's RNG (Accelerate's load_state), and its counters into `state`. ConfigError for a
+        rank's RNG (Accelerate's load_state), and its counters into `state`. BadInput for a
         checkpoint of another format, before anything is loaded; what load_state raises (a
         checkpoint of another model) passes through."""
         saved = read_train_state(path)
@@ -375,7 +376,8 @@ class CheckpointManager:
             dict(save_s=round(time.perf_counter() - started, 3))
         manifest = dict(format=MANIFEST_FORMAT, step=step, **meta, **timing, files=files,
                         written=time.strftime("%Y-%m-%dT%H:%M:%S%z"))
-        _atomic_write(os.path.join(tmp, MANIFEST), json.dumps(manifest, indent=1) + "\n")
+        atomic_write(os.path.join(tmp, MANIFEST), json.dumps(manifest, indent=1) + "\n",
+                     fsync=True)
 
     def _move_into_place(self, tmp: str, final: str, step: int) -> str | None:
         """Phase 3: the directory renamed to step_N. A step saved again (after a rollback) keeps
@@ -392,7 +394,7 @@ class CheckpointManager:
     def _point_latest(self, final: str, old: str | None) -> None:
         """Phase 4: `latest` names the new checkpoint; the one it replaced and those beyond
         keep_checkpoints go."""
-        _atomic_write(os.path.join(self.dir, LATEST), os.path.basename(final) + "\n")
+        atomic_write(os.path.join(self.dir, LATEST), os.path.basename(final) + "\n", fsync=True)
         _fsync(self.dir)
         if old:
             shutil.rmtree(old, ignore_errors=True)
@@ -419,13 +421,13 @@ def verify(path: str, resume: bool = False) -> tuple[str | None, str]:
 
     A read that fails for any reason but a missing file (EIO, ESTALE, EACCES: a network
     filesystem's hiccup, a permission) proves nothing about the checkpoint: that is a
-    ConfigError, so that an intact checkpoint is never moved aside for it."""
+    BadInput, so that an intact checkpoint is never moved aside for it."""
     try:
         return _verify(path, resume)
     except OSError as e:
         if isinstance(e, _CERTAIN):   # vanished, or not what was written, while checked
-            return f"cannot be read ({_describe(e)})", ""
-        raise ConfigError(f"checkpoint '{path}' cannot be read ({_describe(e)}); nothing was "
+            return f"cannot be read ({one_line(e, with_type=True)})", ""
+        raise BadInput(f"checkpoint '{path}' cannot be read ({one_line(e, with_type=True)}); nothing was "
                           f"moved aside: check the filesystem and try again") from None
 
 
@@ -449,7 +451,7 @@ def _verify(path: str, resume: bool) -> tuple[str | None, str]:
                 and isinstance(w.get("sha256"), str) for w in files.values()):
             raise ValueError("its file list is not {name: {size, sha256}}")
     except (*_CERTAIN, ValueError, KeyError, TypeError) as e:
-        return f"unreadable manifest ({_describe(e)})", ""
+        return f"unreadable manifest ({one_line(e, with_type=True)})", ""
     t0, total = time.time(), 0
     for rel, want in files.items():
         full = os.path.join(path, rel)
@@ -493,12 +495,12 @@ def resolve_resume(resume: str, manager: CheckpointManager, warn=None, info=None
     warn = warn or (lambda msg: None)
     info = info or (lambda msg: None)
     if os.path.exists(manager.dir) and not os.path.isdir(manager.dir):
-        raise ConfigError(f"'{manager.dir}' is a file: a run keeps its checkpoints in a "
+        raise BadInput(f"'{manager.dir}' is a file: a run keeps its checkpoints in a "
                           f"directory of that name; move the file away")
     if resume == "never":
         existing = manager.latest()
         if existing is not None:
-            raise ConfigError(
+            raise BadInput(
                 f"output_dir already holds checkpoints (latest: '{existing}'); pass --resume to "
                 f"continue that run, or a new --output_dir to start another")
         return None
@@ -522,7 +524,7 @@ def find_checkpoint(path: str, what: str = "", warn=None, info=None,
                     hint: str = " (pass the run directory to use its newest good checkpoint)",
                     resume: bool = False) -> str:
     """`path` verified, when it is a checkpoint directory; the newest checkpoint that verifies,
-    when it is a run directory. ConfigError (prefixed with `what`, the key or argument)
+    when it is a run directory. BadInput (prefixed with `what`, the key or argument)
     otherwise. `resume`: the checkpoint is to be resumed, not only read (`verify`,
     `resume_refusal`)."""
     warn = warn or (lambda msg: None)
@@ -530,21 +532,21 @@ def find_checkpoint(path: str, what: str = "", warn=None, info=None,
     pre = f"{what}: " if what else ""
     wrong = path_problem(path)
     if wrong:
-        raise ConfigError(pre + wrong)
+        raise BadInput(pre + wrong)
     if _is_run_dir(path):   # its newest good checkpoint
         found = _first_usable(CheckpointManager(path, 0), warn, info, own=False, resume=resume)
         if found is None:
-            raise ConfigError(f"{pre}run directory '{path}' holds no checkpoint")
+            raise BadInput(f"{pre}run directory '{path}' holds no checkpoint")
         return found
     if resume:
         refusal = resume_refusal(path)
         if refusal:
-            raise ConfigError(f"{pre}cannot resume from '{path}': {refusal}")
+            raise BadInput(f"{pre}cannot resume from '{path}': {refusal}")
     problem, note = verify(path, resume=resume)
     if problem and resume and MANIFEST not in _names(path):
-        raise ConfigError(f"{pre}cannot resume from '{path}': {problem}")
+        raise BadInput(f"{pre}cannot resume from '{path}': {problem}")
     if problem:
-        raise ConfigError(f"{pre}checkpoint '{path}' is unusable: {problem}{hint}")
+        raise BadInput(f"{pre}checkpoint '{path}' is unusable: {problem}{hint}")
     info(f"checkpoint {path}: {note}")
     return path
 
@@ -595,7 +597,6 @@ def path_problem(path: str) -> str | None:
 def _did_you_mean(path: str, sibling: bool = False) -> str:
     """' (did you mean ...?)' naming run directories that hold checkpoints: inside `path`, and
     with `sibling`, beside it under a similar name (a typo); '' when there is none."""
-    import difflib
     path = os.path.normpath(path)
     parent = os.path.dirname(path) or "."
     near = []
@@ -603,7 +604,7 @@ def _did_you_mean(path: str, sibling: bool = False) -> str:
         names = [n for n in _names(parent) if _holds_checkpoints(os.path.join(parent, n))
                  or is_checkpoint_dir(os.path.join(parent, n))]
         near = [os.path.join(parent, n) if parent != "." else n for n in
-                difflib.get_close_matches(os.path.basename(path), names, n=3, cutoff=0.6)]
+                close_matches(os.path.basename(path), names, n=3)]
     near += [os.path.join(path, n) for n in sorted(_names(path))
              if _holds_checkpoints(os.path.join(path, n))][:3]
     return f" (did you mean {' or '.join(repr(n) for n in near[:3])}?)" if near else ""
@@ -652,7 +653,7 @@ def _first_usable(manager: CheckpointManager, warn, info, own: bool,
         if refusal:
             for old, why in bad:
                 warn(f"checkpoint '{old}' is unusable ({why})")
-            raise ConfigError(f"cannot resume from '{path}': {refusal}")
+            raise BadInput(f"cannot resume from '{path}': {refusal}")
         problem, note = verify(path, resume=resume)
         if problem is not None:
             bad.append((path, problem))
@@ -666,7 +667,7 @@ def _first_usable(manager: CheckpointManager, warn, info, own: bool,
     for old, why in bad:
         warn(f"checkpoint '{old}' is unusable ({why})")
     if tried:
-        raise ConfigError(f"no usable checkpoint in '{manager.dir}' ({len(tried)} tried, all "
+        raise BadInput(f"no usable checkpoint in '{manager.dir}' ({len(tried)} tried, all "
                           f"corrupt or incomplete); start over with a new --output_dir")
     return None
 
@@ -708,7 +709,7 @@ def _attempt(action, catch=OSError) -> str | None:
     try:
         action()
     except catch as e:
-        return _describe(e)
+        return one_line(e, with_type=True)
     return None
 
 
@@ -747,15 +748,6 @@ def _checksums(root: str, only: list[str] | None = None) -> dict:
 
     with ThreadPoolExecutor(max_workers=min(8, max(1, len(only)))) as pool:
         return dict(pool.map(one, only))
-
-
-def _atomic_write(path: str, text: str) -> None:
-    tmp = path + ".tmp"
-    with open(tmp, "w", encoding="utf-8") as fh:
-        fh.write(text)
-        fh.flush()
-        os.fsync(fh.fileno())
-    os.replace(tmp, path)
 
 
 def _fsync_tree(path: str) -> None:

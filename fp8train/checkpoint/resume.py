@@ -5,7 +5,7 @@ from __future__ import annotations
 from typing import Callable, Optional
 
 from .. import ranks
-from ..errors import ConfigError
+from ..errors import BadInput
 from ..train.schedule import lr_at
 from .manager import (CheckpointManager, changed_on_resume, read_manifest, resolve_resume,
                       saved_derived)
@@ -23,7 +23,7 @@ def choose_checkpoint(resume: str, manager: CheckpointManager, log,
         found = ranks.on_rank0(lambda: resolve_resume(
             resume, manager, warn=lambda m: notes.append((log.warn, m)),
             info=lambda m: notes.append((log.msg, m)), announce=asked == resume))
-    except ConfigError:
+    except BadInput:
         for say, msg in notes:
             if say == log.warn:
                 say(msg)
@@ -39,7 +39,7 @@ def check_config_change(checkpoint: str, run_hash: str, values: dict, derived: d
         return
     changed = changed_on_resume(checkpoint, values, derived)
     if changed and not allow:
-        raise ConfigError(
+        raise BadInput(
             f"{source}: resuming '{checkpoint}' with settings that change training: "
             f"{', '.join(changed)}; put them back, pass --allow_config_change to continue "
             f"with the new values, or start a new run with another --output_dir")

@@ -21,14 +21,7 @@ import io
 import os
 import re
 
-
-def describe_error(e: BaseException) -> str:
-    """An exception in one line: an OSError's reason and file, else type and message."""
-    if isinstance(e, OSError) and e.strerror:
-        return f"{e.strerror}" + (f": '{e.filename}'" if e.filename else "")
-    text = " ".join(str(e).split())[:300]
-    return f"{type(e).__name__}: {text}" if text else type(e).__name__
-
+from ..errors import one_line
 
 # Transformer Engine's `_extra_state`: a pickle of {"recipe": DelayedScaling, "scale_fwd": tensor,
 # ..., "extra_fp8_variables": plain values}. The recipe is the one fp8train builds (the dataclass,
@@ -101,7 +94,7 @@ def unsafe_content(path: str) -> str | None:
             except _Unsafe as e:
                 return f"file '{rel}' {e}"
             except OSError as e:
-                return f"file '{rel}' cannot be read ({describe_error(e)})"
+                return f"file '{rel}' cannot be read ({one_line(e, with_type=True)})"
     return None
 
 
@@ -136,7 +129,7 @@ def _load_checked(source, rng: bool = False):
             raise _Unsafe(f"needs global '{found.group(1)}', which torch.load(weights_only=True) "
                           f"refuses (unpickling it could run code)") from None
         raise _Unsafe(f"cannot be loaded with torch.load(weights_only=True) "
-                      f"({describe_error(e)})") from None
+                      f"({one_line(e, with_type=True)})") from None
 
 
 def _check_safetensors(path: str) -> None:
@@ -180,7 +173,7 @@ def _check_dcp(directory: str, name: str) -> None:
         items = [(str(index.fqn), isinstance(kinds.get(index.fqn), BytesStorageMetadata), info)
                  for index, info in metadata.storage_data.items()]
     except Exception as e:  # passed the scan, yet not DCP metadata
-        raise _Unsafe(f"is not torch.distributed.checkpoint metadata ({describe_error(e)})") from None
+        raise _Unsafe(f"is not torch.distributed.checkpoint metadata ({one_line(e, with_type=True)})") from None
     root = os.path.realpath(directory)
     for fqn, is_bytes, info in items:
         if not (is_bytes or fqn.endswith("_extra_state")):
@@ -197,7 +190,7 @@ def _check_dcp(directory: str, name: str) -> None:
                 fh.seek(int(info.offset))
                 blob = fh.read(int(info.length))
         except (OSError, TypeError, ValueError, AttributeError) as e:
-            raise _Unsafe(f"{where} cannot be read ({describe_error(e)})") from None
+            raise _Unsafe(f"{where} cannot be read ({one_line(e, with_type=True)})") from None
         try:
             value = _load_checked(io.BytesIO(blob))
             if not is_bytes:   # the TE pickle is the tensor's content
@@ -235,7 +228,7 @@ def _check_pickle(data: bytes, allowed: frozenset) -> None:
                 return
             machine.run(op.name, arg)
     except ValueError as e:   # pickletools: truncated or not a pickle
-        raise _Unsafe(f"is not a readable pickle ({describe_error(e)})") from None
+        raise _Unsafe(f"is not a readable pickle ({one_line(e, with_type=True)})") from None
     raise _Unsafe("is not a readable pickle (no STOP)")
 
 

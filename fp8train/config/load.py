@@ -6,7 +6,6 @@ come back instantly, before torch is loaded.
 """
 from __future__ import annotations
 
-import difflib
 import math
 import os
 import re
@@ -15,14 +14,14 @@ from typing import Any, Optional
 import yaml
 
 from ..data.sources import dataset_error, resolved_dataset
-from ..errors import ConfigError, one_line  # noqa: F401  (ConfigError: imported from here by many)
+from ..errors import BadInput, did_you_mean, one_line
 from ..observe.redaction import redact
 from .schema import (DELAYED_SCALING_KEYS, DERIVED_SECTION, FP8_RECIPES, GROUPS, KEYS,
                      KNOWN_DATASETS, MODEL_PRESETS, RESUME_FREE, SECTIONS, Config, _base_type,
                      _describe, _is_optional, help_text, key_fields, section, to_dict)
 
 # The schema's names are read from here too (config.Config, config.KEYS, ...).
-__all__ = ["Config", "ConfigError", "HelpRequested", "load_config", "validate", "coerce",
+__all__ = ["Config", "BadInput", "HelpRequested", "load_config", "validate", "coerce",
            "read_yaml", "apply_mapping", "parse_cli", "dump_yaml", "DERIVED_SECTION", "GROUPS",
            "KEYS", "KNOWN_DATASETS", "MODEL_PRESETS", "RESUME_FREE", "SECTIONS", "help_text",
            "key_fields", "section", "to_dict"]
@@ -118,7 +117,7 @@ def coerce(f, value: Any, source: str) -> Any:
 
     def bad(why=None):
         got = repr(value) if not isinstance(value, str) else f"'{value}'"
-        raise ConfigError(f"{source}: key '{name}' must be {_describe(f)}, got {got}"
+        raise BadInput(f"{source}: key '{name}' must be {_describe(f)}, got {got}"
                           + (f" ({why})" if why else ""))
 
     if value is None:
@@ -178,15 +177,14 @@ def _suggest(key: str) -> Optional[str]:
     spelled = key.strip().lower().replace("-", "_")
     if spelled in KEYS:
         return spelled
-    close = difflib.get_close_matches(spelled, list(KEYS), n=1, cutoff=0.6)
-    return close[0] if close else None
+    return did_you_mean(spelled, KEYS)
 
 
-def _unknown_key(key: str, source: str, prefix: str = "") -> ConfigError:
+def _unknown_key(key: str, source: str, prefix: str = "") -> BadInput:
     close = _suggest(key)
     hint = f" (did you mean '{prefix}{close}'?)" if close else ""
     what = "option" if prefix else "key"
-    return ConfigError(f"unknown {what} '{prefix}{key}' in {source}{hint}")
+    return BadInput(f"unknown {what} '{prefix}{key}' in {source}{hint}")
 
 
 def read_yaml(path: str, what: str = "config file",
@@ -194,23 +192,23 @@ def read_yaml(path: str, what: str = "config file",
     """Read a YAML mapping from `path`, with one-line errors for every way a file can be
     wrong. `what` and `expected` name the kind of file in those errors."""
     if not path:
-        raise ConfigError(f"{what}: empty path")
+        raise BadInput(f"{what}: empty path")
     if not os.path.exists(path):
-        raise ConfigError(f"{what} '{path}' not found")
+        raise BadInput(f"{what} '{path}' not found")
     if os.path.isdir(path):
-        raise ConfigError(f"{what} '{path}' is a directory, expected a YAML file")
+        raise BadInput(f"{what} '{path}' is a directory, expected a YAML file")
     try:
         with open(path, encoding="utf-8-sig") as fh:     # -sig: a byte-order mark is fine
             text = fh.read()
     except UnicodeDecodeError as e:
-        raise ConfigError(f"cannot read {what} '{path}': not UTF-8 text (byte "
+        raise BadInput(f"cannot read {what} '{path}': not UTF-8 text (byte "
                           f"0x{e.object[e.start]:02x} at offset {e.start})") from None
     except OSError as e:
-        raise ConfigError(f"cannot read {what} '{path}': {e.strerror or e}") from None
+        raise BadInput(f"cannot read {what} '{path}': {e.strerror or e}") from None
     try:
         data = yaml.load(text, Loader=StrictLoader)
     except ConfigSlip as e:
-        raise ConfigError(f"{path}: line {e.problem_mark.line + 1}: {e.problem}") from None
+        raise BadInput(f"{path}: line {e.problem_mark.line + 1}: {e.problem}") from None
     except yaml.YAMLError as e:
         mark = getattr(e, "problem_mark", None)
         where = f" (line {mark.line + 1}, column {mark.column + 1})" if mark else ""
@@ -219,13 +217,13 @@ def read_yaml(path: str, what: str = "config file",
             problem = f"{e.context}, {problem}"     # "expected a single document, but ..."
         if "'\\t'" in problem:
             problem += " (YAML indents with spaces, never tabs)"
-        raise ConfigError(f"{path}: not valid YAML{where}: {problem}") from None
+        raise BadInput(f"{path}: not valid YAML{where}: {problem}") from None
     except ValueError as e:   # an explicit tag on a value it cannot hold: `!!int abc`
-        raise ConfigError(f"{path}: not valid YAML: {one_line(e, 200)}") from None
+        raise BadInput(f"{path}: not valid YAML: {one_line(e, 200)}") from None
     if data is None:
-        raise ConfigError(f"{path}: file is empty, expected {expected}")
+        raise BadInput(f"{path}: file is empty, expected {expected}")
     if not isinstance(data, dict):
-        raise ConfigError(f"{path}: expected {expected}, got a {type(data).__name__}")
+        raise BadInput(f"{path}: expected {expected}, got a {type(data).__name__}")
     return data
 
 
@@ -239,7 +237,7 @@ def apply_mapping(values: dict, data: dict, source: str,
         if not isinstance(key, str) or key not in KEYS:
             raise _unknown_key(str(key), source)
         if isinstance(value, dict):
-            raise ConfigError(f"{source}: key '{key}' must be {_describe(KEYS[key])}, got a "
+            raise BadInput(f"{source}: key '{key}' must be {_describe(KEYS[key])}, got a "
                               f"mapping (keys are flat: no nesting)")
         values[key] = coerce(KEYS[key], value, source)
         if origins is not None:
@@ -271,7 +269,7 @@ def parse_cli(argv: list[str]) -> tuple[Optional[str], list[tuple[str, Any, str]
     while i < len(argv):
         arg = argv[i]
         if not arg.startswith("--") or arg == "--":
-            raise ConfigError(_positional(arg, bare))
+            raise BadInput(_positional(arg, bare))
         name, eq, value = arg[2:].partition("=")
         name = name.replace("-", "_")
         nxt = argv[i + 1] if i + 1 < len(argv) else None
@@ -280,22 +278,22 @@ def parse_cli(argv: list[str]) -> tuple[Optional[str], list[tuple[str, Any, str]
         if name == "config":
             if not eq:
                 if not takes_next:
-                    raise ConfigError("option '--config' needs a file path")
+                    raise BadInput("option '--config' needs a file path")
                 value, i = nxt, i + 1
             if not value:
-                raise ConfigError("option '--config' needs a file path")
+                raise BadInput("option '--config' needs a file path")
             if config_path is not None:
-                raise ConfigError(f"option '--config' is given twice ('{config_path}', then "
+                raise BadInput(f"option '--config' is given twice ('{config_path}', then "
                                   f"'{value}'): a run reads one config file; override its keys "
                                   "with --key=value")
             config_path = value
         elif name in FLAG_ALIASES or (name.startswith("no_") and name[3:] in KEYS):
             key, val = FLAG_ALIASES.get(name, (name[3:], False))
             if _base_type(KEYS[key]) != "bool":
-                raise ConfigError(f"option '--{name}': '{key}' is not a boolean key; use "
+                raise BadInput(f"option '--{name}': '{key}' is not a boolean key; use "
                                   f"--{key}=VALUE ({_describe(KEYS[key])})")
             if eq:
-                raise ConfigError(f"option '--{name}' takes no value; use --{key}=true or "
+                raise BadInput(f"option '--{name}' takes no value; use --{key}=true or "
                                   f"--{key}=false")
             overrides.append((key, val, f"--{name}"))
             bare = f"--{name}"
@@ -303,7 +301,7 @@ def parse_cli(argv: list[str]) -> tuple[Optional[str], list[tuple[str, Any, str]
             f = KEYS[name]
             if eq:
                 if value == "":
-                    raise ConfigError(f"option '--{name}=' has an empty value"
+                    raise BadInput(f"option '--{name}=' has an empty value"
                                       + (f" (--{name}=null unsets it)" if _is_optional(f)
                                          else f" ({_describe(f)})"))
                 overrides.append((name, _cli_value(f, value), f"--{name}={value}"))
@@ -320,7 +318,7 @@ def parse_cli(argv: list[str]) -> tuple[Optional[str], list[tuple[str, Any, str]
             elif name in BARE_FLAG_VALUE:
                 overrides.append((name, BARE_FLAG_VALUE[name], f"--{name}"))
             else:
-                raise ConfigError(f"option '--{name}' needs a value ({_describe(f)})")
+                raise BadInput(f"option '--{name}' needs a value ({_describe(f)})")
         else:
             raise _unknown_key(name, "the command line", prefix="--")
         i += 1
@@ -384,7 +382,7 @@ def validate(cfg: Config) -> None:
     """Checks that involve more than one key. Single-key types and bounds are checked when a
     value is read."""
     def err(msg, *keys):
-        raise ConfigError(f"{cfg.where(*keys)}: {msg}")
+        raise BadInput(f"{cfg.where(*keys)}: {msg}")
 
     if cfg.num_epochs is None and cfg.max_steps is None:
         err("keys 'num_epochs' and 'max_steps' are both null; set one (max_hours alone gives "

@@ -13,8 +13,8 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from ..config.load import ConfigError
-from ..errors import one_line
+from ..errors import BadInput, one_line
+from ..io import atomic_write
 from .sources import resolved_dataset
 
 TINYSHAKESPEARE_URL = (
@@ -44,7 +44,7 @@ class HFTokenizer:
 
     def __init__(self, name: str, what: str = "key 'tokenizer'"):
         if _is_path(name) and not os.path.exists(name):
-            raise ConfigError(f"{what}: cannot load tokenizer '{name}' (no such directory)")
+            raise BadInput(f"{what}: cannot load tokenizer '{name}' (no such directory)")
         import transformers
         from huggingface_hub.utils import logging as hub_logging
         transformers.utils.logging.set_verbosity_error()  # no "sequence too long" warnings
@@ -70,7 +70,7 @@ def _load_hf_tokenizer(auto, name: str, what: str):
     hub is asked only when it is allowed (not offline) and answers a single quick request:
     its client retries a dead connection for about a minute per file."""
     def fail(why: str):
-        return ConfigError(f"{what}: cannot load tokenizer '{name}' ({why})")
+        return BadInput(f"{what}: cannot load tokenizer '{name}' ({why})")
     try:
         return auto.from_pretrained(name, local_files_only=True)
     except Exception as e:  # not cached, not a tokenizer directory, no such path
@@ -148,12 +148,7 @@ def _download(url: str, dest: str, sha256: str) -> None:
         data = r.read()
     if hashlib.sha256(data).hexdigest() != sha256:
         raise OSError(f"checksum mismatch for {url}")
-    # Write to a temporary name and rename, so an interrupted download never looks complete;
-    # opened plainly (mkstemp's files are 0600) so that it gets the umask's mode like any file.
-    tmp = f"{dest}.{os.getpid()}.part"
-    with open(tmp, "wb") as fh:
-        fh.write(data)
-    os.replace(tmp, dest)
+    atomic_write(dest, data, unique=True)   # an interrupted download never looks complete
 
 
 def corpus_path(dataset: str, data_dir: str, log=print) -> str:
@@ -170,11 +165,11 @@ def corpus_path(dataset: str, data_dir: str, log=print) -> str:
                 return path
             except Exception as e:  # no network, DNS failure, HTTP error, bad checksum
                 how = f"download failed: {e}"
-        raise ConfigError(f"dataset 'tinyshakespeare' not found at '{path}' ({how}); "
+        raise BadInput(f"dataset 'tinyshakespeare' not found at '{path}' ({how}); "
                           f"download {TINYSHAKESPEARE_URL} to that path, or set data_dir "
                           f"(or FP8TRAIN_DATA_DIR) to the folder that holds tinyshakespeare.txt")
     if not os.path.isfile(dataset):
-        raise ConfigError(f"key 'dataset': file '{dataset}' not found")
+        raise BadInput(f"key 'dataset': file '{dataset}' not found")
     return dataset
 
 
@@ -208,7 +203,7 @@ def load_splits(cfg, log=print, fetch=lambda f: f()) -> "TokenSplits":
 
 def _check_window(tokens, split: str, what: str, seq_len: int) -> None:
     if len(tokens) < seq_len + 1:
-        raise ConfigError(f"{what}: the {split} split has {len(tokens):,} tokens, fewer than "
+        raise BadInput(f"{what}: the {split} split has {len(tokens):,} tokens, fewer than "
                           f"seq_len + 1 = {seq_len + 1}")
 
 
@@ -240,7 +235,7 @@ def load_prepared(directory: str, dataset: str, data_dir: str, tokenizer_name: s
     from .shards import body_max_ids, open_shard, read_header, read_meta
     if not os.path.isfile(os.path.join(directory, "meta.json")):
         if dataset in PREPARED:
-            raise ConfigError(f"dataset '{dataset}' is not prepared: '{directory}/meta.json' "
+            raise BadInput(f"dataset '{dataset}' is not prepared: '{directory}/meta.json' "
                               f"not found; run: {prepare_command(dataset, data_dir)}")
         read_meta(directory)  # raises with the reason
     meta = read_meta(directory)
@@ -251,11 +246,11 @@ def load_prepared(directory: str, dataset: str, data_dir: str, tokenizer_name: s
         if vocab < 2:
             raise ValueError(vocab)
     except (KeyError, TypeError, ValueError, AttributeError):
-        raise ConfigError(f"'{os.path.join(directory, 'meta.json')}' is not a valid prepared-"
+        raise BadInput(f"'{os.path.join(directory, 'meta.json')}' is not a valid prepared-"
                           "dataset description (missing or malformed 'vocab_size' or 'splits'); "
                           "prepare the dataset again with scripts/prepare_data.py") from None
     if meta.get("tokenizer") != tokenizer_name:
-        raise ConfigError(f"key 'tokenizer' is '{tokenizer_name}' but '{directory}' was prepared "
+        raise BadInput(f"key 'tokenizer' is '{tokenizer_name}' but '{directory}' was prepared "
                           f"with tokenizer '{meta.get('tokenizer')}' (vocabulary {vocab:,}); set "
                           f"tokenizer: {meta.get('tokenizer')}")
     parts, headers = {}, {}
@@ -264,10 +259,10 @@ def load_prepared(directory: str, dataset: str, data_dir: str, tokenizer_name: s
         for name in shard_names[split]:
             path = os.path.join(directory, name)
             if not os.path.isfile(path):
-                raise ConfigError(f"shard '{path}' listed in meta.json is missing")
+                raise BadInput(f"shard '{path}' listed in meta.json is missing")
             h = headers[name] = read_header(path)
             if h.vocab_size != vocab or h.max_token >= vocab:
-                raise ConfigError(f"shard '{path}': token ids up to {h.max_token} / vocabulary "
+                raise BadInput(f"shard '{path}': token ids up to {h.max_token} / vocabulary "
                                   f"{h.vocab_size}, but the dataset's vocabulary is {vocab}: "
                                   "a tokenizer mismatch; prepare the dataset again")
             arrays.append(open_shard(path))
@@ -278,7 +273,7 @@ def load_prepared(directory: str, dataset: str, data_dir: str, tokenizer_name: s
         if largest >= vocab:
             path = os.path.join(directory, name)
             at = int(np.argmax(open_shard(path) >= vocab))
-            raise ConfigError(f"shard '{path}' holds token id {largest}, outside the dataset's "
+            raise BadInput(f"shard '{path}' holds token id {largest}, outside the dataset's "
                               f"vocabulary of {vocab:,} (the first such id is at position "
                               f"{at:,}; the header says at most {headers[name].max_token}): "
                               "the shard is corrupt; prepare the dataset again with "
@@ -294,7 +289,7 @@ def load_tokens(dataset: str, data_dir: str, tokenizer, seq_len: int, val_fracti
         with open(path, encoding="utf-8") as fh:
             text = fh.read()
     except (OSError, UnicodeDecodeError) as e:
-        raise ConfigError(f"key 'dataset': cannot read '{path}' as UTF-8 text: {e}") from None
+        raise BadInput(f"key 'dataset': cannot read '{path}' as UTF-8 text: {e}") from None
     ids = tokenizer.encode(text)
     dtype = np.uint16 if tokenizer.vocab_size <= 65536 else np.uint32
     ids = ids.astype(dtype, copy=False)
@@ -302,7 +297,7 @@ def load_tokens(dataset: str, data_dir: str, tokenizer, seq_len: int, val_fracti
     train, val = ids[:len(ids) - n_val], ids[len(ids) - n_val:]
     for name, part in (("training", train), ("validation", val)):
         if len(part) < seq_len + 1:
-            raise ConfigError(f"key 'dataset': '{path}' gives {len(part):,} {name} tokens, "
+            raise BadInput(f"key 'dataset': '{path}' gives {len(part):,} {name} tokens, "
                               f"fewer than seq_len + 1 = {seq_len + 1}")
     return TokenSplits(train=train, val=val, vocab_size=tokenizer.vocab_size, source=path)
 
@@ -468,7 +463,7 @@ def check_batch_fits(cfg, effective: int, train_tokens: int) -> None:
     key = "batch_size" if cfg.target_effective_batch_size is None else \
         "target_effective_batch_size"
     if effective > windows:
-        raise ConfigError(f"{cfg.source}: key '{key}': an effective batch of {effective:,} "
+        raise BadInput(f"{cfg.source}: key '{key}': an effective batch of {effective:,} "
                           f"sequences is more than the training split holds ({train_tokens:,} "
                           f"tokens make {windows:,} windows of seq_len {seq_len}); lower {key} "
                           f"(at most {windows:,} sequences per step) or seq_len, or use a larger "

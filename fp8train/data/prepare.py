@@ -18,7 +18,6 @@ nothing behind.
 """
 from __future__ import annotations
 
-import difflib
 import glob
 import json
 import os
@@ -29,8 +28,8 @@ from typing import Iterator, Optional
 
 import numpy as np
 
-from ..config.load import ConfigError
-from ..errors import one_line
+from ..errors import BadInput, did_you_mean, one_line
+from ..io import atomic_write, atomic_write_json
 from .loader import _offline, hub_unreachable
 from .shards import CHECKED_FILE, META_FILE, dtype_for_vocab, write_meta, write_shard
 
@@ -69,9 +68,9 @@ class PrepareArgs:
         for key in ("num_proc", "shard_tokens", "val_tokens", "val_docs", "max_tokens"):
             value = getattr(self, key)
             if value is not None and value < 1:
-                raise ConfigError(f"--{key} must be at least 1, got {value}")
+                raise BadInput(f"--{key} must be at least 1, got {value}")
         if self.val_tokens is not None and self.val_docs is not None:
-            raise ConfigError("--val_tokens and --val_docs both choose the validation split: "
+            raise BadInput("--val_tokens and --val_docs both choose the validation split: "
                               "pass one of them")
 
 
@@ -109,7 +108,7 @@ class _HF:
             if eot == self.tok.unk_token_id:
                 eot = None
         if eot is None:
-            raise ConfigError(f"tokenizer '{name}' has no end-of-text token (eos_token or "
+            raise BadInput(f"tokenizer '{name}' has no end-of-text token (eos_token or "
                               "<|endoftext|>) to separate documents")
         self.eot = int(eot)
 
@@ -190,12 +189,12 @@ def load_documents(a: PrepareArgs, log=print):
                    f"{unreachable}")
         elif hub and _offline():
             why = "not in the local HuggingFace cache, and offline mode is set"
-        raise ConfigError(f"--dataset '{a.dataset}': cannot load it ({why})"
+        raise BadInput(f"--dataset '{a.dataset}': cannot load it ({why})"
                           + _did_you_mean(a.dataset)) from None
     columns = ds.column_names if not a.streaming else (
         list(ds.features) if ds.features is not None else None)
     if columns is not None and text_field not in columns:
-        raise ConfigError(f"--text_field: '{text_field}' is not a column of '{a.dataset}' "
+        raise BadInput(f"--text_field: '{text_field}' is not a column of '{a.dataset}' "
                           f"(columns: {', '.join(columns)})")
     return ds, text_field
 
@@ -217,8 +216,8 @@ def _hub_access(dataset: str, log) -> "str | None":
 
 
 def _did_you_mean(name: str) -> str:
-    close = difflib.get_close_matches(name, [*KNOWN, "tinyshakespeare"], n=1, cutoff=0.6)
-    return f"; did you mean '{close[0]}'?" if close else ""
+    close = did_you_mean(name, [*KNOWN, "tinyshakespeare"])
+    return f"; did you mean '{close}'?" if close else ""
 
 
 def _looks_local(name: str) -> bool:
@@ -233,16 +232,16 @@ def _local_files(dataset: str):
         files = sorted(os.path.join(dataset, f) for f in os.listdir(dataset)
                        if os.path.splitext(f)[1].lower() in LOCAL_BUILDERS)
         if not files:
-            raise ConfigError(f"--dataset: directory '{dataset}' has no .txt, .jsonl, .json or "
+            raise BadInput(f"--dataset: directory '{dataset}' has no .txt, .jsonl, .json or "
                               ".parquet files")
     else:
         files = sorted(glob.glob(dataset)) if any(c in dataset for c in "*?[") else [dataset]
         files = [f for f in files if os.path.isfile(f)]
         if not files:
-            raise ConfigError(f"--dataset: no file matches '{dataset}'")
+            raise BadInput(f"--dataset: no file matches '{dataset}'")
     exts = {os.path.splitext(f)[1].lower() for f in files}
     if len(exts) != 1 or next(iter(exts)) not in LOCAL_BUILDERS:
-        raise ConfigError(f"--dataset: '{dataset}' must be .txt, .jsonl, .json or .parquet "
+        raise BadInput(f"--dataset: '{dataset}' must be .txt, .jsonl, .json or .parquet "
                           f"files of one kind (found {', '.join(sorted(exts))})")
     return LOCAL_BUILDERS[exts.pop()], files
 
@@ -256,7 +255,7 @@ def _rows(ds, dataset: str) -> Iterator[dict]:
         except StopIteration:
             return
         except Exception as e:  # the datasets library's parsers raise many kinds
-            raise ConfigError(f"--dataset '{dataset}': cannot read it after {i:,} rows "
+            raise BadInput(f"--dataset '{dataset}': cannot read it after {i:,} rows "
                               f"({one_line(e, 200, with_type=True)})") from None
         yield row
         i += 1
@@ -269,9 +268,9 @@ def _doc_batches(ds, dataset: str, field: str, batch: int, skip: int) -> Iterato
             continue
         text = row.get(field)
         if text is None:
-            raise ConfigError(f"--text_field: row {i} has no '{field}'")
+            raise BadInput(f"--text_field: row {i} has no '{field}'")
         if not isinstance(text, str):
-            raise ConfigError(f"--text_field: '{field}' of row {i} is {type(text).__name__}, "
+            raise BadInput(f"--text_field: '{field}' of row {i} is {type(text).__name__}, "
                               "not text")
         buf.append(text)
         if len(buf) == batch:
@@ -358,22 +357,22 @@ class _Splitter:
         if self.buffered:
             self._flush(len_=self.buffered, switch=False)
         if self.tokens["train"] == 0:
-            raise ConfigError(f"--dataset '{self.a.dataset}': no training tokens (the dataset "
+            raise BadInput(f"--dataset '{self.a.dataset}': no training tokens (the dataset "
                               f"has no text, or the validation split took all "
                               f"{self.tokens['val']:,} tokens)")
 
     def _finish_val(self) -> None:
         total, dataset = self.buffered, self.a.dataset
         if total == 0:
-            raise ConfigError(f"--dataset '{dataset}': no training tokens (the dataset has no "
+            raise BadInput(f"--dataset '{dataset}': no training tokens (the dataset has no "
                               "text)")
         if self.a.val_docs:
-            raise ConfigError(f"--val_docs {self.a.val_docs:,} takes all "
+            raise BadInput(f"--val_docs {self.a.val_docs:,} takes all "
                               f"{self.docs_in['val']:,} documents of '{dataset}' "
                               f"({total:,} tokens), leaving none for training: pass a smaller "
                               "--val_docs")
         if self.a.val_tokens:
-            raise ConfigError(f"--val_tokens {self.a.val_tokens:,} takes all {total:,} tokens of "
+            raise BadInput(f"--val_tokens {self.a.val_tokens:,} takes all {total:,} tokens of "
                               f"'{dataset}', leaving none for training: pass a smaller "
                               f"--val_tokens, or leave it out (then {VAL_FRACTION:.0%} of a "
                               "corpus this small)")
@@ -388,19 +387,16 @@ class _Splitter:
         carry = None
         if self.buffered:
             carry = ".carry.npy"
-            path = os.path.join(self.a.output_dir, carry)
-            np.save(path + ".tmp.npy", np.concatenate(self.buf))
-            os.replace(path + ".tmp.npy", path)
+            rest = np.concatenate(self.buf)
+            atomic_write(os.path.join(self.a.output_dir, carry), lambda fh: np.save(fh, rest),
+                         binary=True)
         state = dict(split=self.split, shard=self.shard, val_shards=self.val_shards,
                      docs=self.docs, val_tokens=self.tokens["val"],
                      train_tokens=self.tokens["train"], val_docs=self.docs_in["val"],
                      train_docs=self.docs_in["train"], carry=carry,
                      val_max_token_id=self.max_id["val"],
                      train_max_token_id=self.max_id["train"], arguments=_arguments(self.a))
-        tmp = os.path.join(self.a.output_dir, PROGRESS + ".tmp")
-        with open(tmp, "w") as fh:
-            json.dump(state, fh)
-        os.replace(tmp, os.path.join(self.a.output_dir, PROGRESS))
+        atomic_write_json(os.path.join(self.a.output_dir, PROGRESS), state)
 
 
 # --- the output directory -----------------------------------------------------------------------
@@ -438,10 +434,10 @@ def _differences(recorded: dict, now: dict) -> str:
 def _previous(a: PrepareArgs, log) -> "dict | None":
     """What is already in the output directory: the meta of a finished preparation with these
     arguments (nothing to do), None to go on (nothing there, or a resumable preparation with
-    these arguments), or a ConfigError (other arguments, other files)."""
+    these arguments), or a BadInput (other arguments, other files)."""
     out = a.output_dir
     if os.path.exists(out) and not os.path.isdir(out):
-        raise ConfigError(f"output directory '{out}' is a file")
+        raise BadInput(f"output directory '{out}' is a file")
     if not os.path.isdir(out):
         return None
     meta_path, progress = os.path.join(out, META_FILE), os.path.join(out, PROGRESS)
@@ -450,7 +446,7 @@ def _previous(a: PrepareArgs, log) -> "dict | None":
         log(f"--overwrite: removed the previous preparation in {out}")
     foreign = sorted(n for n in os.listdir(out) if not _ours(n))
     if foreign:
-        raise ConfigError(f"output directory '{out}' holds files that are not a prepared "
+        raise BadInput(f"output directory '{out}' holds files that are not a prepared "
                           f"dataset ({', '.join(foreign[:3])}{', ...' if len(foreign) > 3 else ''}"
                           "); choose another --name or --output_dir")
     now = _arguments(a)
@@ -459,11 +455,11 @@ def _previous(a: PrepareArgs, log) -> "dict | None":
             with open(meta_path, encoding="utf-8") as fh:
                 meta = json.load(fh)
         except ValueError:
-            raise ConfigError(f"'{meta_path}' is not valid JSON; pass --overwrite to prepare "
+            raise BadInput(f"'{meta_path}' is not valid JSON; pass --overwrite to prepare "
                               f"'{out}' again") from None
         diff = _differences(meta.get("arguments") or {}, now)
         if diff:
-            raise ConfigError(f"'{out}' is already prepared with other arguments ({diff}); pass "
+            raise BadInput(f"'{out}' is already prepared with other arguments ({diff}); pass "
                               "--overwrite to replace it, or choose another --name or "
                               "--output_dir")
         log(f"{out} is already prepared with these arguments (meta.json exists): nothing to "
@@ -473,7 +469,7 @@ def _previous(a: PrepareArgs, log) -> "dict | None":
         with open(progress) as fh:
             diff = _differences(json.load(fh).get("arguments") or {}, now)
         if diff:
-            raise ConfigError(f"'{out}' holds an unfinished preparation with other arguments "
+            raise BadInput(f"'{out}' holds an unfinished preparation with other arguments "
                               f"({diff}); rerun with those to resume it, or pass --overwrite to "
                               "start again")
     return None
@@ -488,10 +484,10 @@ def _make_dirs(path: str) -> list:
     try:
         os.makedirs(path, exist_ok=True)
     except OSError as e:
-        raise ConfigError(f"cannot create output directory '{path}' "
+        raise BadInput(f"cannot create output directory '{path}' "
                           f"({e.strerror or one_line(e)})") from None
     if not os.access(path, os.W_OK):
-        raise ConfigError(f"output directory '{path}' is not writable")
+        raise BadInput(f"output directory '{path}' is not writable")
     return created
 
 
@@ -508,7 +504,7 @@ def prepare(a: PrepareArgs, log=print) -> dict:
         # Bad input found before anything of a previous run was resumed would fail the same way
         # again: leave nothing. Otherwise (interrupted, killed, a failed write) keep what a
         # rerun resumes from, if anything was written.
-        if not resumable and (isinstance(e, ConfigError) or
+        if not resumable and (isinstance(e, BadInput) or
                               not os.path.isfile(os.path.join(a.output_dir, PROGRESS))):
             _remove_ours(a.output_dir)
             for d in reversed(created):

@@ -16,7 +16,8 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from ..config.load import ConfigError
+from ..errors import BadInput
+from ..io import atomic_write, atomic_write_json
 
 MAGIC = b"FP8TOKS\0"
 VERSION = 1
@@ -50,11 +51,10 @@ def write_shard(path: str, tokens: np.ndarray, vocab_size: int, tokenizer: str) 
     max_token = int(tokens.max()) if len(tokens) else 0
     header = _HEADER.pack(MAGIC, VERSION, dtype.itemsize, len(tokens), max_token, vocab_size,
                           tokenizer.encode("utf-8")[:256])
-    tmp = f"{path}.tmp"
-    with open(tmp, "wb") as fh:
+    def write(fh) -> None:
         fh.write(header.ljust(HEADER_BYTES, b"\0"))
         fh.write(tokens.tobytes())
-    os.replace(tmp, path)
+    atomic_write(path, write, binary=True)
 
 
 def read_header(path: str) -> ShardHeader:
@@ -63,20 +63,20 @@ def read_header(path: str) -> ShardHeader:
             raw = fh.read(HEADER_BYTES)
         size = os.path.getsize(path)
     except OSError as e:
-        raise ConfigError(f"shard '{path}': cannot read it ({e.strerror or e})") from None
+        raise BadInput(f"shard '{path}': cannot read it ({e.strerror or e})") from None
     if len(raw) < _HEADER.size or raw[:8] != MAGIC:
-        raise ConfigError(f"shard '{path}': not a token shard (bad header magic); prepare the "
+        raise BadInput(f"shard '{path}': not a token shard (bad header magic); prepare the "
                           "dataset again with scripts/prepare_data.py")
     magic, version, itemsize, count, max_token, vocab, name = _HEADER.unpack(raw[:_HEADER.size])
     if version != VERSION or itemsize not in (2, 4):
-        raise ConfigError(f"shard '{path}': unsupported header (version {version}, "
+        raise BadInput(f"shard '{path}': unsupported header (version {version}, "
                           f"{itemsize} bytes per token)")
     expected = HEADER_BYTES + count * itemsize
     if size != expected:
-        raise ConfigError(f"shard '{path}' is truncated or corrupt: its header says {count:,} "
+        raise BadInput(f"shard '{path}' is truncated or corrupt: its header says {count:,} "
                           f"tokens ({expected:,} bytes) but the file has {size:,} bytes")
     if max_token >= vocab:
-        raise ConfigError(f"shard '{path}': token id {max_token} is outside its vocabulary "
+        raise BadInput(f"shard '{path}': token id {max_token} is outside its vocabulary "
                           f"of {vocab}")
     return ShardHeader(itemsize, count, max_token, vocab, name.rstrip(b"\0").decode("utf-8"))
 
@@ -94,21 +94,18 @@ def read_meta(directory: str) -> dict:
         with open(path, encoding="utf-8") as fh:
             meta = json.load(fh)
     except OSError:
-        raise ConfigError(f"'{directory}' has no {META_FILE}: it is not a prepared dataset (or "
+        raise BadInput(f"'{directory}' has no {META_FILE}: it is not a prepared dataset (or "
                           "its preparation did not finish; run scripts/prepare_data.py again, "
                           "it resumes)") from None
     except ValueError as e:
-        raise ConfigError(f"'{path}' is not valid JSON ({e})") from None
+        raise BadInput(f"'{path}' is not valid JSON ({e})") from None
     if not isinstance(meta, dict) or "splits" not in meta:
-        raise ConfigError(f"'{path}' is not a prepared-dataset description (no 'splits')")
+        raise BadInput(f"'{path}' is not a prepared-dataset description (no 'splits')")
     return meta
 
 
 def write_meta(directory: str, meta: dict) -> None:
-    tmp = os.path.join(directory, META_FILE + ".tmp")
-    with open(tmp, "w", encoding="utf-8") as fh:
-        json.dump(meta, fh, indent=1, sort_keys=True)
-    os.replace(tmp, os.path.join(directory, META_FILE))
+    atomic_write_json(os.path.join(directory, META_FILE), meta, indent=1, sort_keys=True)
 
 
 def body_max_ids(directory: str, names: list, log=print) -> dict:
@@ -140,13 +137,8 @@ def body_max_ids(directory: str, names: list, log=print) -> dict:
     if fresh != record:
         note = f"recorded in {record_path}"
         try:
-            tmp = f"{record_path}.{os.getpid()}.tmp"
-            with open(tmp, "w", encoding="utf-8") as fh:
-                json.dump(fresh, fh, indent=1, sort_keys=True)
-            os.replace(tmp, record_path)
+            atomic_write_json(record_path, fresh, unique=True, indent=1, sort_keys=True)
         except OSError as e:
-            if os.path.exists(tmp):
-                os.remove(tmp)
             note = (f"not recorded ({e.strerror or e}: '{directory}' is not writable), so every "
                     "run checks them again")
         log(f"data: checked every token id of {len(names)} shard{'s' * (len(names) != 1)} "

@@ -8,12 +8,12 @@ as its syntax or its bytes: such files are refused with the command that prepare
 """
 from __future__ import annotations
 
-import difflib
 import json
 import os
 import shlex
 
 from ..config.schema import KNOWN_DATASETS
+from ..errors import did_you_mean
 
 META_FILE = "meta.json"
 SNIFF_BYTES = 1 << 16
@@ -250,9 +250,9 @@ def _not_found(dataset: str, data_dir: str) -> str:
     if base in prepared:  # e.g. 'data/NAME' with data_dir elsewhere
         return msg + f"; did you mean '{os.path.join(data_dir, base)}'?"
     stem = os.path.splitext(base)[0]
-    close = difflib.get_close_matches(stem, prepared + list(KNOWN_DATASETS), n=1, cutoff=0.6)
+    close = did_you_mean(stem, prepared + list(KNOWN_DATASETS))
     if close:
-        hit = close[0] if close[0] in KNOWN_DATASETS else os.path.join(data_dir, close[0])
+        hit = close if close in KNOWN_DATASETS else os.path.join(data_dir, close)
         return msg + f" (did you mean '{hit}'?)"
     if prepared:
         shown = ", ".join(prepared[:5]) + (", ..." if len(prepared) > 5 else "")

@@ -9,7 +9,7 @@ from __future__ import annotations
 import argparse
 import time
 
-from ..errors import EXIT_OK, ConfigError, run_reported
+from ..errors import EXIT_OK, BadInput, run_reported
 
 
 def _positive_multiple_of_16(text: str) -> int:
@@ -81,7 +81,7 @@ def main(argv=None) -> int:
             try:
                 write_json(report, args.json)
             except OSError as e:
-                raise ConfigError(f"cannot write {args.json}: {e.strerror or e}") from None
+                raise BadInput(f"cannot write {args.json}: {e.strerror or e}") from None
             print(f"\nwrote {args.json}")
         return EXIT_OK
     return run_reported(body)

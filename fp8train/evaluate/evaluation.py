@@ -84,9 +84,9 @@ def evaluate(path: str, split: str = "val", sequences: int | None = None, whole:
     """Loss and perplexity of the model of `path` (a checkpoint or a run directory) on a split
     of its run's data, as the training loop evaluates it: the same windows (eval_sequences of
     them, evenly spread) in the same micro-batches and precision. `whole` takes every window of
-    the split instead. ConfigError for bad input."""
-    from ..config.load import ConfigError
+    the split instead. BadInput for bad input."""
     from ..data.loader import load_splits, val_batches
+    from ..errors import BadInput
     from . import trained
     dev = trained.pick_device(device)
     t = trained.load(path, dev, warn=warn, info=log)
@@ -96,7 +96,7 @@ def evaluate(path: str, split: str = "val", sequences: int | None = None, whole:
                                         if v is not None})
     splits = load_splits(cfg, log)
     if splits.vocab_size > t.mcfg.vocab_size:
-        raise ConfigError(f"dataset '{cfg.dataset}' has a vocabulary of {splits.vocab_size:,}; "
+        raise BadInput(f"dataset '{cfg.dataset}' has a vocabulary of {splits.vocab_size:,}; "
                           f"the model knows {t.mcfg.vocab_size:,} ids")
     tokens = splits.val if split == "val" else splits.train
     micro = micro or int(t.derived.get("micro_batch_size") or 8)

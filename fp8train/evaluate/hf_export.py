@@ -16,7 +16,7 @@ import os
 
 import torch
 
-from ..config.load import ConfigError
+from ..errors import BadInput
 from ..model import ModelConfig
 from ..observe.console import drop_torchao_import_noise
 
@@ -34,7 +34,7 @@ def hf_config(mcfg: ModelConfig, bos: int | None = None, eos: int | None = None)
                   bos_token_id=bos, eos_token_id=eos, architectures=None)
     if mcfg.arch == "gpt2":
         if mcfg.kv_heads != mcfg.n_head:
-            raise ConfigError(f"GPT2LMHeadModel has no grouped-query attention; this model has "
+            raise BadInput(f"GPT2LMHeadModel has no grouped-query attention; this model has "
                               f"n_kv_head {mcfg.kv_heads} for {mcfg.n_head} heads")
         c = transformers.GPT2Config(
             n_positions=mcfg.block_size, n_embd=mcfg.n_embd, n_layer=mcfg.n_layer,
@@ -174,16 +174,16 @@ def export(path: str, out_dir: str, dtype_name: str = "fp32", tokenizer: bool = 
            overwrite: bool = False, log=print, warn=print) -> dict:
     """Export the model of `path` (a checkpoint or a run directory) to `out_dir`, load it back
     with AutoModelForCausalLM and compare its logits with ours; returns what fp8train_export.json
-    records. ConfigError for bad input (before anything is written), ToolFailed when the
+    records. BadInput for bad input (before anything is written), ToolFailed when the
     exported model does not reproduce ours."""
     from ..checkpoint.manager import give_normal_mode
     from ..errors import ToolFailed
     from . import trained
     if os.path.isdir(out_dir) and os.listdir(out_dir) and not overwrite:
-        raise ConfigError(f"OUT_DIR '{out_dir}' exists and is not empty; pass --overwrite to "
+        raise BadInput(f"OUT_DIR '{out_dir}' exists and is not empty; pass --overwrite to "
                           f"replace what is there, or name a new directory")
     if os.path.exists(out_dir) and not os.path.isdir(out_dir):
-        raise ConfigError(f"OUT_DIR '{out_dir}' exists and is not a directory")
+        raise BadInput(f"OUT_DIR '{out_dir}' exists and is not a directory")
     t = trained.load(path, "cpu", warn=warn, info=log)
     log(f"model: {t.describe()}")
     mcfg, dtype = t.mcfg, DTYPES[dtype_name]
@@ -256,8 +256,8 @@ def _tokenizer(name: str):
     from ..data.loader import HFTokenizer
     try:
         return HFTokenizer(name).tok
-    except ConfigError as e:
-        raise ConfigError(f"{e}; pass --no_tokenizer to export the model alone") from None
+    except BadInput as e:
+        raise BadInput(f"{e}; pass --no_tokenizer to export the model alone") from None
 
 
 def _rounded(model, dtype: torch.dtype):

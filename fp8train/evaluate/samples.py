@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import torch
 
-from ..config.load import ConfigError
 from ..data.loader import build_tokenizer
+from ..errors import BadInput
 from ..model import generate
 
 
@@ -23,7 +23,7 @@ class TextSampler:
         if accelerator.is_main_process:
             try:
                 self.tokenizer = build_tokenizer(tokenizer)
-            except ConfigError as e:
+            except BadInput as e:
                 warn(f"no text samples: {e}")
 
     def take(self, model, eval_set, step: int) -> list[dict]:
@@ -60,7 +60,7 @@ def sample_text(path: str, prompt: str, num_samples: int = 1, max_new_tokens: in
         eos = getattr(getattr(tok, "tok", None), "eos_token_id", None)
         ids = [eos] if eos is not None else [int(i) for i in tok.encode("\n")]
     if max(ids) >= t.mcfg.vocab_size:
-        raise ConfigError(f"the prompt has token ids up to {max(ids)}; the model knows "
+        raise BadInput(f"the prompt has token ids up to {max(ids)}; the model knows "
                           f"{t.mcfg.vocab_size:,}")
     if len(ids) > t.mcfg.block_size:
         warn(f"the prompt is {len(ids):,} tokens; the model sees its last {t.mcfg.block_size:,}")

@@ -15,9 +15,10 @@ from dataclasses import dataclass
 import torch
 
 from ..checkpoint.manager import CONFIG_NAME, find_checkpoint, read_manifest
-from ..checkpoint.safe_load import describe_error, safe_unpickle
+from ..checkpoint.safe_load import safe_unpickle
 from ..config import load as config_mod
-from ..config.load import Config, ConfigError
+from ..config.load import Config
+from ..errors import BadInput, one_line
 from ..model import GPT, ModelConfig, RotaryEmbedding, model_config_from
 
 FP8_EXTRAS = ("fp8_state.", "_extra_state")    # prefixes / suffixes of FP8 backend state
@@ -51,7 +52,7 @@ def run_config(checkpoint: str) -> tuple[Config, dict]:
     config_mod.apply_mapping(values, data, path)
     cfg = Config(**values, source=path)
     if not isinstance(derived.get("vocab_size"), int):
-        raise ConfigError(f"{path}: no derived vocab_size (the checkpoint was not written by "
+        raise BadInput(f"{path}: no derived vocab_size (the checkpoint was not written by "
                           f"train_fp8.py)")
     return cfg, derived
 
@@ -63,7 +64,7 @@ def model_config(cfg: Config, derived: dict) -> ModelConfig:
             n_kv_head=cfg.n_kv_head, n_embd=cfg.n_embd, ffn_hidden_size=cfg.ffn_hidden_size,
             dropout=0.0, pad_vocab_multiple=cfg.pad_vocab_multiple)
     except (KeyError, ValueError) as e:
-        raise ConfigError(f"{cfg.source}: model '{cfg.model}': {e}") from None
+        raise BadInput(f"{cfg.source}: model '{cfg.model}': {e}") from None
 
 
 def read_state(checkpoint: str) -> dict:
@@ -77,7 +78,7 @@ def read_state(checkpoint: str) -> dict:
         name = next((f for f in ("model.safetensors", "pytorch_model.bin",
                                  "pytorch_model_fsdp.bin") if f in files), None)
         if name is None:
-            raise ConfigError(f"checkpoint '{checkpoint}' holds no model state (model.safetensors, "
+            raise BadInput(f"checkpoint '{checkpoint}' holds no model state (model.safetensors, "
                               f"pytorch_model_fsdp_0/ or pytorch_model.bin)")
         path = os.path.join(checkpoint, name)
         try:
@@ -87,8 +88,8 @@ def read_state(checkpoint: str) -> dict:
             else:
                 state = torch.load(path, map_location="cpu", weights_only=True)
         except Exception as e:   # safetensors and torch raise their own kinds; nothing ran
-            raise ConfigError(f"checkpoint '{checkpoint}': {name} cannot be read "
-                              f"({describe_error(e)})") from None
+            raise BadInput(f"checkpoint '{checkpoint}': {name} cannot be read "
+                              f"({one_line(e, with_type=True)})") from None
     out = {}
     for key, value in state.items():
         for prefix in WRAPPER_PREFIXES:
@@ -115,7 +116,7 @@ def _read_dcp(directory: str) -> dict:
         with open(os.path.join(directory, ".metadata"), "rb") as fh:
             metadata = safe_unpickle(fh.read())
     except Exception as e:   # OSError, and pickle and the metadata's classes raise any kind
-        raise ConfigError(f"'{directory}/.metadata' cannot be read safely ({type(e).__name__}: "
+        raise BadInput(f"'{directory}/.metadata' cannot be read safely ({type(e).__name__}: "
                           f"{' '.join(str(e).split())[:300]})") from None
 
     class Reader(FileSystemReader):
@@ -142,7 +143,7 @@ def _read_dcp(directory: str) -> dict:
     try:
         _load_state_dict(state, storage_reader=Reader(directory), planner=Planner(),
                          no_dist=True)
-    except ConfigError:
+    except BadInput:
         raise
     except (Exception, CheckpointException) as e:   # the latter wraps each rank's failure
         for exc, _ in getattr(e, "failures", {}).values():
@@ -152,7 +153,7 @@ def _read_dcp(directory: str) -> dict:
         why = next((line for line in lines if "GLOBAL" in line), lines[0] if lines else "")
         hint = "; its FP8 weights were saved by torchao (fp8_fsdp_all_gather): pip install " \
             "torchao to read them" if "GLOBAL torchao." in why and not torchao else ""
-        raise ConfigError(f"cannot read the sharded checkpoint '{directory}' "
+        raise BadInput(f"cannot read the sharded checkpoint '{directory}' "
                           f"({type(e).__name__}: {why[:300]}){hint}") from None
     model = state.get("model", state)
     return {k: v.full_tensor() if hasattr(v, "full_tensor") else v for k, v in model.items()}
@@ -176,7 +177,7 @@ def plain_state(state: dict) -> dict:
 
 def load(path: str, device: str | torch.device = "cpu", warn=None, info=None) -> Trained:
     """The model of `path` (a checkpoint, or a run directory: its newest good checkpoint) as a
-    plain GPT in fp32 on `device`, in eval mode. ConfigError for anything unusable."""
+    plain GPT in fp32 on `device`, in eval mode. BadInput for anything unusable."""
     checkpoint = find_checkpoint(path, "", warn, info)
     cfg, derived = run_config(checkpoint)
     mcfg = model_config(cfg, derived)
@@ -191,7 +192,7 @@ def load(path: str, device: str | torch.device = "cpu", warn=None, info=None) ->
 
 def load_weights(model: torch.nn.Module, state: dict, checkpoint: str) -> None:
     """Load `state` into `model` exactly: every tensor present, of the right shape, and nothing
-    left over; else one ConfigError saying what differs."""
+    left over; else one BadInput saying what differs."""
     expected = model.state_dict()
     missing = [k for k in expected if k not in state]
     extra = [k for k in state if k not in expected]
@@ -201,7 +202,7 @@ def load_weights(model: torch.nn.Module, state: dict, checkpoint: str) -> None:
         parts = [f"{what}: {', '.join(keys[:4])}{' ...' if len(keys) > 4 else ''}"
                  for what, keys in (("missing", missing), ("unexpected", extra),
                                     ("shape (saved vs model)", shapes)) if keys]
-        raise ConfigError(f"checkpoint '{checkpoint}' does not match its config.yaml's model "
+        raise BadInput(f"checkpoint '{checkpoint}' does not match its config.yaml's model "
                           f"({'; '.join(parts)})")
     # The model was built on the meta device: assign the loaded tensors instead of copying.
     model.load_state_dict({k: v.float() if v.is_floating_point() else v
@@ -219,9 +220,9 @@ def pick_device(name: str = "auto") -> torch.device:
     try:
         device = torch.device(name)
     except RuntimeError:
-        raise ConfigError(f"--device: unknown device '{name}' (auto, cpu, cuda, cuda:N)") from None
+        raise BadInput(f"--device: unknown device '{name}' (auto, cpu, cuda, cuda:N)") from None
     if device.type == "cuda" and not torch.cuda.is_available():
-        raise ConfigError(f"--device {name}: no CUDA GPU here")
+        raise BadInput(f"--device {name}: no CUDA GPU here")
     return device
 
 
@@ -231,7 +232,7 @@ def autocast(cfg: Config, device: torch.device, warn=None):
     from ..precision import base_precision
     try:
         mixed = base_precision(cfg, device).mixed_precision
-    except ConfigError as e:   # fp16 on a CPU
+    except BadInput as e:   # fp16 on a CPU
         if warn:
             warn(f"{e}: computing in fp32")
         mixed = "no"

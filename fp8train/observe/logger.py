@@ -16,7 +16,8 @@ import sys
 import time
 from typing import Optional
 
-from ..errors import ConfigError
+from ..errors import BadInput
+from ..io import atomic_write, atomic_write_json
 from .redaction import redact, secret_values
 
 METRICS_NAME, SAMPLES_NAME, LOG_NAME, SUMMARY_NAME = \
@@ -40,7 +41,7 @@ class Logger:
     # --- where the run writes ------------------------------------------------------------------
     def open(self, run_dir: str) -> None:
         """Start writing into the run directory (created and checked by the builder). Every rank
-        calls it; ConfigError on every rank when one of the run's files cannot be written (a
+        calls it; BadInput on every rank when one of the run's files cannot be written (a
         directory in its place, no permission): found now, not as lost rows later."""
         from ..ranks import on_rank0
         on_rank0(lambda: self._open(run_dir) if self.is_main else None)
@@ -52,13 +53,13 @@ class Logger:
         for name in (LOG_NAME, METRICS_NAME, SAMPLES_NAME, SUMMARY_NAME):
             path = os.path.join(run_dir, name)
             if os.path.isdir(path):
-                raise ConfigError(f"'{path}' is a directory: the run writes its {name} there; "
+                raise BadInput(f"'{path}' is a directory: the run writes its {name} there; "
                                   "move it away or choose another output_dir")
         path = os.path.join(run_dir, LOG_NAME)
         try:
             self._file = open(path, "a", buffering=1, encoding="utf-8")
         except OSError as e:
-            raise ConfigError(f"cannot write '{path}' ({e.strerror or e}); choose another "
+            raise BadInput(f"cannot write '{path}' ({e.strerror or e}); choose another "
                               "output_dir") from None
 
     def attach(self, tracker) -> None:
@@ -132,7 +133,7 @@ class Logger:
     def truncate_after(self, step: int) -> "tuple[int, int]":
         """Drop the rows logged after `step` (a resume or a rollback re-runs those steps);
         returns how many metrics and samples rows were dropped. Every rank calls it: a file
-        that is not the run's own is a ConfigError on all of them."""
+        that is not the run's own is a BadInput on all of them."""
         from ..ranks import on_rank0
         return on_rank0(lambda: (self.metrics.truncate_after(step),
                                  self.sample_rows.truncate_after(step)))
@@ -143,10 +144,7 @@ class Logger:
         if self.is_main:
             path = os.path.join(run_dir, SUMMARY_NAME)
             try:
-                with open(f"{path}.tmp", "w", encoding="utf-8") as fh:
-                    json.dump(report, fh, indent=1)
-                    fh.write("\n")
-                os.replace(f"{path}.tmp", path)
+                atomic_write_json(path, report, indent=1)
             except OSError as e:
                 self.warn(f"{SUMMARY_NAME} could not be written ({e})")
         if self.tracker is not None:
@@ -195,16 +193,13 @@ class JsonLines:
             if i == len(lines) and not line.endswith("\n") and row is None:
                 continue   # a last line torn by a crash in the middle of its write
             if not isinstance(row, dict) or not isinstance(row.get("step", 0), (int, float)):
-                raise ConfigError(f"'{self.path}' line {i} is not a row this trainer writes "
+                raise BadInput(f"'{self.path}' line {i} is not a row this trainer writes "
                                   f"({line.strip()[:60]!r}); move the file away or choose "
                                   "another output_dir")
             if row.get("step", 0) <= step:
                 keep.append(line)
         if len(keep) != len(lines):
-            tmp = self.path + ".tmp"
-            with open(tmp, "w", encoding="utf-8") as fh:
-                fh.writelines(keep)
-            os.replace(tmp, self.path)
+            atomic_write(self.path, "".join(keep))
         return len(lines) - len(keep)
 
     def write(self, row: dict) -> None:

@@ -12,7 +12,8 @@ from typing import Callable, Optional
 
 import torch
 
-from ..config.load import Config, ConfigError
+from ..config.load import Config
+from ..errors import BadInput
 from .base import Precision
 from .plain import BF16, FP16, FP32
 
@@ -34,7 +35,7 @@ def base_precision(cfg: Config, device: torch.device) -> Precision:
     prec = BASE[name]()
     reason = prec.unavailable(device)
     if reason:
-        raise ConfigError(f"{cfg.where('precision')}: key 'precision': {reason}; use "
+        raise BadInput(f"{cfg.where('precision')}: key 'precision': {reason}; use "
                           f"{'bf16 or ' if name != 'bf16' else ''}fp32")
     return prec
 
@@ -52,7 +53,7 @@ def build_precision(cfg: Config, device: torch.device, warn: Callable[[str], Non
     if reason is None:
         return backend
     if cfg.fp8_fallback == "error":
-        raise ConfigError(f"{cfg.where('fp8_backend', 'use_fp8')}: key 'fp8_backend': "
+        raise BadInput(f"{cfg.where('fp8_backend', 'use_fp8')}: key 'fp8_backend': "
                           f"'{cfg.fp8_backend}' cannot run "
                           f"here: {reason} (fp8_fallback: error; fp8_fallback: bf16 trains "
                           "without FP8 instead)")

@@ -30,7 +30,7 @@ from typing import Optional
 import torch
 from torch import nn
 
-from ..errors import ConfigError, one_line
+from ..errors import BadInput, one_line
 from .base import Fp8Backend, Precision
 from .layers import replace_module
 from .probe import ScaleProbe
@@ -61,7 +61,7 @@ def recipe_kwargs(cfg, margin: int | None = None, reduce_amax: bool = True) -> d
 
 def build_recipe(cfg, recipe_module=None, margin: int | None = None, reduce_amax: bool = True):
     """The transformer_engine.common.recipe object for cfg.fp8_recipe, with the config's
-    fp8_format. A recipe TE refuses to build is a ConfigError (one line, TE's reason)."""
+    fp8_format. A recipe TE refuses to build is a BadInput (one line, TE's reason)."""
     if recipe_module is None:
         from transformer_engine.common import recipe as recipe_module
     cls = getattr(recipe_module, RECIPES[cfg.fp8_recipe][0])
@@ -82,7 +82,7 @@ def build_recipe(cfg, recipe_module=None, margin: int | None = None, reduce_amax
     try:
         return cls(**kw)
     except Exception as e:   # pydantic's ValidationError, carrying the recipe's own assertion
-        raise ConfigError(
+        raise BadInput(
             f"{cfg.where('fp8_format', 'fp8_recipe')}: key 'fp8_format': Transformer Engine's "
             f"{cls.__name__} (fp8_recipe: {cfg.fp8_recipe}) cannot be built with fp8_format "
             f"'{cfg.fp8_format}': {_validation_message(e)}") from None

@@ -12,7 +12,7 @@ import time
 from typing import Callable, Optional, Sequence
 
 from ..config.load import load_config
-from ..errors import EXIT_FAILED, EXIT_OK, ConfigError, SweepError
+from ..errors import EXIT_FAILED, EXIT_OK, BadInput, SweepError
 from .command import DEFAULT_LAUNCHER, ROOT, build_command, config_argv, launcher_env
 from .process import run_command, trial_env
 from .spec import (DEFAULT_METRIC, format_value, is_number, is_value, metric_of, repo_relative,
@@ -215,7 +215,7 @@ def _plan_trials(cfg: dict, path: str, trials: list, sweep_dir: str, overrides: 
         argv += list(overrides) + [f"--output_dir={run_dir}"]
         try:
             load_config(config_argv(argv, program))
-        except ConfigError as e:
+        except BadInput as e:
             shown = ", ".join(f"{k}={format_value(v)}" for k, v in params_i.items())
             raise SweepError(f"{path}: trial {i} ({shown}) with the overrides "
                              f"{' '.join(overrides) or '(none)'}: {strip_source(str(e))}")

@@ -2,7 +2,6 @@
 that a bad file or parameter is one line naming the file and key (SweepError)."""
 from __future__ import annotations
 
-import difflib
 import itertools
 import json
 import math
@@ -10,8 +9,8 @@ import os
 import re
 from typing import Any
 
-from ..config.load import KEYS, Config, ConfigError, load_config, read_yaml
-from ..errors import SweepError
+from ..config.load import KEYS, Config, load_config, read_yaml
+from ..errors import BadInput, SweepError, did_you_mean
 from .command import (ARGS_MACROS, DEFAULT_COMMAND, EXAMPLE_COMMAND, LAUNCHER_ITEM, LAUNCHER_VAR,
                       PROGRAM, ROOT, build_command, config_argv, has_launcher, macro_problem)
 
@@ -55,7 +54,7 @@ def read_sweep_yaml(path: str) -> dict:
     try:
         return read_yaml(path, "sweep file", "a W&B sweep config (a mapping with program, "
                          "method, parameters, ...)")
-    except ConfigError as e:
+    except BadInput as e:
         raise SweepError(str(e)) from None
 
 
@@ -164,7 +163,7 @@ def _check_program_and_command(cfg: dict, source: str) -> tuple[str, list[str]]:
                   "relative to the repository root)")
         try:
             load_config(["--config", resolved])
-        except ConfigError as e:
+        except BadInput as e:
             _fail(source, "command", f"--config {config_path}: {e}")
     return program, command
 
@@ -175,9 +174,9 @@ def spec_distribution(name: str, spec: dict, source: str) -> str:
     if "distribution" in spec:
         d = spec["distribution"]
         if d not in DISTRIBUTIONS:
-            close = difflib.get_close_matches(str(d), list(DISTRIBUTIONS), n=1)
+            close = did_you_mean(d, DISTRIBUTIONS)
             _fail(source, f"{where}.distribution", f"unknown distribution {d!r}" +
-                  (f" (did you mean {close[0]}?)" if close else ""))
+                  (f" (did you mean {close}?)" if close else ""))
         return d
     if "value" in spec:
         return "constant"
@@ -212,9 +211,9 @@ def _check_param_spec(name: str, spec: Any, method: str, source: str) -> str:
         _fail(source, where, "nested parameters are not supported: config keys are flat")
     for k in spec:
         if k not in PARAM_KEYS:
-            close = difflib.get_close_matches(str(k), PARAM_KEYS, n=1)
+            close = did_you_mean(k, PARAM_KEYS)
             _fail(source, f"{where}.{k}", "unknown key" +
-                  (f" (did you mean {close[0]}?)" if close else
+                  (f" (did you mean {close}?)" if close else
                    f" (a parameter has {', '.join(PARAM_KEYS)})"))
     dist = spec_distribution(name, spec, source)
     for k in DISTRIBUTIONS[dist]:
@@ -301,7 +300,7 @@ def representative_params(cfg: dict) -> dict:
 
 
 def check_trial_config(command: list[str], program: str, params: dict) -> Config:
-    """The run config train_fp8.py reads from this trial's command line; ConfigError if it
+    """The run config train_fp8.py reads from this trial's command line; BadInput if it
     would reject it."""
     built = build_command(command, program, params)
     return load_config(config_argv(built, program))
@@ -327,9 +326,9 @@ def check_sweep(cfg: dict, source: str) -> None:
     """Every check `create`, `agent` and `local` share. Raises SweepError."""
     for k in cfg:
         if k not in TOP_LEVEL_KEYS:
-            close = difflib.get_close_matches(str(k), TOP_LEVEL_KEYS, n=1)
+            close = did_you_mean(k, TOP_LEVEL_KEYS)
             _fail(source, str(k), "unknown sweep key" +
-                  (f" (did you mean {close[0]}?)" if close else ""))
+                  (f" (did you mean {close}?)" if close else ""))
     method = cfg.get("method")
     if method is None:
         _fail(source, "method", "missing: grid, random or bayes")
@@ -351,9 +350,9 @@ def check_sweep(cfg: dict, source: str) -> None:
     dists = {}
     for name, spec in params.items():
         if not isinstance(name, str) or name not in KEYS:
-            close = difflib.get_close_matches(str(name), list(KEYS), n=1, cutoff=0.6)
+            close = did_you_mean(name, KEYS)
             _fail(source, f"parameters.{name}", "not a config key" +
-                  (f" (did you mean {close[0]}?)" if close else
+                  (f" (did you mean {close}?)" if close else
                    " (python train_fp8.py --help lists them)"))
         if name in ("config", "output_dir"):
             _fail(source, f"parameters.{name}", "set by the launcher per trial; not a sweep "
@@ -364,7 +363,7 @@ def check_sweep(cfg: dict, source: str) -> None:
     base = {n: pts[0] for n, pts in points.items()}  # = representative_params(cfg)
     try:
         check_trial_config(command, program, base)
-    except ConfigError as e:
+    except BadInput as e:
         msg = strip_source(str(e))
         named = re.match(r"key '(\w+)'", msg)
         if named and named.group(1) in params:
@@ -377,7 +376,7 @@ def check_sweep(cfg: dict, source: str) -> None:
         for v in pts[1:]:
             try:
                 check_trial_config(command, program, dict(base, **{name: v}))
-            except ConfigError as e:
+            except BadInput as e:
                 what = "value" if dists[name] in ("constant", "categorical") else \
                     f"{dists[name]} point"
                 _fail(source, f"parameters.{name}", f"{what} {format_value(v)} is not valid: "
@@ -390,7 +389,7 @@ def check_sweep(cfg: dict, source: str) -> None:
                 trial = dict(zip(names, combo))
                 try:
                     check_trial_config(command, program, trial)
-                except ConfigError as e:
+                except BadInput as e:
                     shown = ", ".join(f"{k}={format_value(v)}" for k, v in trial.items()
                                       if len(points[k]) > 1)
                     _fail(source, "parameters", f"combination {shown} is not valid: "

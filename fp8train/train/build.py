@@ -21,8 +21,9 @@ from ..batch.plan import BatchPlan
 from ..checkpoint.checkpointer import Checkpointer
 from ..checkpoint.manager import CheckpointManager, TrainState, config_hash, saved_derived
 from ..checkpoint.resume import check_config_change, choose_checkpoint, warn_schedule_change
-from ..config.load import Config, ConfigError, dump_yaml, section, to_dict
+from ..config.load import Config, dump_yaml, section, to_dict
 from ..data.loader import BatchStream, RandomWindows, check_batch_fits, load_splits, val_batches
+from ..errors import BadInput
 from ..evaluate.evaluator import Evaluator
 from ..evaluate.evaluator import missed as missed_eval
 from ..evaluate.samples import TextSampler
@@ -242,10 +243,10 @@ def ensure_writable_dir(path: str, source: str) -> None:
     try:
         os.makedirs(path, exist_ok=True)
     except OSError as e:
-        raise ConfigError(f"{source}: key 'output_dir': cannot create '{path}': "
+        raise BadInput(f"{source}: key 'output_dir': cannot create '{path}': "
                           f"{e.strerror or e}") from None
     if not os.access(path, os.W_OK):
-        raise ConfigError(f"{source}: key 'output_dir': '{path}' is not writable")
+        raise BadInput(f"{source}: key 'output_dir': '{path}' is not writable")
 
 
 def _accelerator(cfg: Config, state, run_dir: str, log: Logger):
@@ -277,7 +278,7 @@ def _model_config(cfg: Config, vocab_size: int):
             dropout=cfg.dropout, pad_vocab_multiple=cfg.pad_vocab_multiple)
     except ValueError as e:
         where = cfg.where("model", "n_layer", "n_head", "n_kv_head", "n_embd", "ffn_hidden_size")
-        raise ConfigError(f"{where}: model '{cfg.model}': {e}") from None
+        raise BadInput(f"{where}: model '{cfg.model}': {e}") from None
 
 
 def _feed(cfg: Config, plan: BatchPlan, train_tokens: int, windows, acc, log: Logger,
@@ -340,11 +341,11 @@ def _restore(acc, manager: CheckpointManager, checkpoint, st: TrainState, prec: 
         return
     try:
         manager.restore(acc, checkpoint, st)
-    except ConfigError:
+    except BadInput:
         raise
     except Exception as e:  # torch, safetensors and pickle each raise their own kinds
         from ..errors import one_line
-        raise ConfigError(f"cannot resume from '{checkpoint}': it does not match this "
+        raise BadInput(f"cannot resume from '{checkpoint}': it does not match this "
                           f"run's model or optimizer ({one_line(e)})") from None
     prec.reapply(st.fp8_margin_added, st.fp8_off)
     if st.rollbacks:
