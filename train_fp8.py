@@ -8,7 +8,7 @@
 """
 import sys
 
-from fp8train.cli import main
+from fp8train.train.cli import main
 from fp8train.observe.console import run_main
 
 if __name__ == "__main__":

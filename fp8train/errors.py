@@ -1,4 +1,5 @@
-"""The errors fp8train reports in one line, their exit codes, and the one formatter.
+"""What reaches the user when something goes wrong: the errors fp8train reports in one line,
+their exit codes, the one formatter, and the secrets kept out of every message and file.
 
 Every entry point (train_fp8.py, run_sweep.py, the scripts) ends in `report(e)`: one `error:`
 line on stderr, secrets redacted, and the exit code that the exception's class stands for.
@@ -6,8 +7,10 @@ Only the standard library is imported here: a config error comes back before tor
 """
 from __future__ import annotations
 
+import functools
+import os
 import sys
-from typing import Optional
+from typing import Any, Iterable, Mapping, Optional
 
 EXIT_OK = 0          # done
 EXIT_FAILED = 1      # the run (or tool) cannot go on: diverged, a required write failed, ...
@@ -124,7 +127,6 @@ def error_line(e: BaseException) -> "str | None":
     """The line `report` prints for `e`; None for an exception that is not ours."""
     if exit_code(e) is None:
         return None
-    from .observe.redaction import redact
     return f"error: {redact(str(e))}"
 
 
@@ -149,3 +151,79 @@ def as_reported(e: BaseException, memory_hint: str = "") -> BaseException:
         return RunFailed(f"out of memory ({one_line(e, 200, first_line=True)})"
                          + (f"; {memory_hint}" if memory_hint else ""))
     return e
+
+# --- secrets ----------------------------------------------------------------------------------
+# Secrets in the environment never reach the run's files: what counts as one, and redaction.
+#
+# A variable is a secret when its name (upper-cased) contains TOKEN, SECRET, PASSWORD, PASSWD,
+# API_KEY, APIKEY, PRIVATE_KEY or CREDENTIAL, or ends in _KEY (WANDB_API_KEY, HF_TOKEN,
+# HUGGING_FACE_HUB_TOKEN, AWS_SECRET_ACCESS_KEY, AWS_SESSION_TOKEN, GITHUB_TOKEN, ...), or is
+# named in FP8TRAIN_SECRET_VARS (comma-separated). Not: names ending in _PATH, _FILE or _DIR
+# (where a secret is kept, not the secret; HF_TOKEN_PATH), nor TOKENIZER* names. Values shorter
+# than MIN_LENGTH characters are ignored, so that redaction never mangles ordinary text ("true",
+# "1", a short word).
+#
+# The values are read once per process (`secret_values()`); `redact` replaces each of them with
+# "***" in a string, or in every string of nested dicts, lists and tuples (keys included).
+# Standard library only: the one-line errors (error_line), config.yaml's
+# text (config.yaml_files.dump_yaml) and the run's logger use it.
+
+MIN_LENGTH = 8
+MASK = "***"
+EXTRA_NAMES_VAR = "FP8TRAIN_SECRET_VARS"
+_MARKERS = ("TOKEN", "SECRET", "PASSWORD", "PASSWD", "API_KEY", "APIKEY", "PRIVATE_KEY",
+            "CREDENTIAL")
+_NOT_SECRET_SUFFIXES = ("_PATH", "_FILE", "_DIR")
+
+
+def is_secret_name(name: str, extra: Iterable[str] = ()) -> bool:
+    """Whether an environment variable of this name holds a secret (see the module's doc)."""
+    upper = name.upper()
+    if upper == EXTRA_NAMES_VAR:   # a list of names, not a secret
+        return False
+    if upper in {e.strip().upper() for e in extra if e.strip()}:
+        return True
+    if upper.endswith(_NOT_SECRET_SUFFIXES) or "TOKENIZER" in upper:
+        return False
+    return upper.endswith("_KEY") or any(m in upper for m in _MARKERS)
+
+
+def find_secret_values(environ: Mapping[str, str]) -> tuple[str, ...]:
+    """The secret values in `environ`, longest first (so that a value that is part of another
+    does not split it), without the ones shorter than MIN_LENGTH."""
+    extra = environ.get(EXTRA_NAMES_VAR, "").split(",")
+    values = {v.strip() for k, v in environ.items()
+              if is_secret_name(k, extra) and len(v.strip()) >= MIN_LENGTH}
+    return tuple(sorted(values, key=lambda v: (-len(v), v)))
+
+
+@functools.lru_cache(maxsize=1)
+def secret_values() -> tuple[str, ...]:
+    """This process's secret values, read from os.environ once (the first call)."""
+    return find_secret_values(os.environ)
+
+
+def redact(obj: Any, values: Optional[Iterable[str]] = None) -> Any:
+    """`obj` with every secret value replaced by "***": a string, or a copy of dicts, lists and
+    tuples with their strings (keys too) redacted; anything else as it is. `values` defaults to
+    `secret_values()`. With no secret values, `obj` itself comes back (no copy, no cost)."""
+    values = secret_values() if values is None else tuple(values)
+    if not values:
+        return obj
+    return _redact(obj, values)
+
+
+def _redact(obj: Any, values: tuple[str, ...]) -> Any:
+    if isinstance(obj, str):
+        for v in values:
+            if v in obj:
+                obj = obj.replace(v, MASK)
+        return obj
+    if isinstance(obj, dict):
+        return {_redact(k, values): _redact(v, values) for k, v in obj.items()}
+    if isinstance(obj, list):
+        return [_redact(x, values) for x in obj]
+    if isinstance(obj, tuple):
+        items = [_redact(x, values) for x in obj]
+        return type(obj)(*items) if hasattr(obj, "_fields") else tuple(items)  # namedtuple
+    return obj

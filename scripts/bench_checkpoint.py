@@ -59,8 +59,9 @@ def build(preset: str, vocab: int):
 
 
 def measure(acc, model, opt, out: str, repeats: int) -> list:
+    from fp8train.checkpoint.files import directory_bytes
     from fp8train.checkpoint.host_copy import HostCopy
-    from fp8train.checkpoint.manager import CheckpointManager, directory_bytes
+    from fp8train.checkpoint.manager import CheckpointManager
     from fp8train.checkpoint.train_state import TrainState
     rows, copier = [], HostCopy()
     for mode in ("sync", "async"):

@@ -21,8 +21,8 @@ import numpy as np
 
 
 def _read(path, seq_len, micro, seconds, seed, out):
-    from fp8train.data.loader import RandomWindows, ShardedTokens
     from fp8train.data.shards import open_shard
+    from fp8train.data.windows import RandomWindows, ShardedTokens
     sampler = RandomWindows(ShardedTokens([open_shard(path)]), seq_len, seed)
     sampler.batch(0, micro)
     n, pos, t0 = 0, 0, time.perf_counter()

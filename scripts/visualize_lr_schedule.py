@@ -6,8 +6,8 @@
 import argparse
 import sys
 
-from fp8train.errors import EXIT_OK, BadInput, run_reported
-from fp8train.train.schedule import lr_at
+from fp8train.errors import run_reported
+from fp8train.observe.plot import lr_schedule_plot
 
 
 def main(argv=None) -> int:
@@ -23,45 +23,8 @@ def main(argv=None) -> int:
     if not 0 <= a.warmup_steps < a.total_steps:
         p.error(f"warmup_steps ({a.warmup_steps}) must be in [0, total_steps) "
                 f"= [0, {a.total_steps})")
-    return run_reported(lambda: plot_schedule(a))
-
-
-def plot_schedule(a) -> int:
-    """Print sampled values, then write the PNG; BadInput when it cannot be written."""
-    kw = dict(max_lr=a.max_lr, warmup_steps=a.warmup_steps, total_steps=a.total_steps,
-              min_lr_ratio=a.min_lr_ratio)
-    steps = list(range(a.total_steps))
-    lrs = [lr_at(s, **kw) for s in steps]
-
-    samples = sorted({0, a.warmup_steps // 2, max(a.warmup_steps - 1, 0),
-                      (a.warmup_steps + a.total_steps - 1) // 2, a.total_steps - 1})
-    print(f"{'step':>10}  lr")
-    for s in samples:
-        print(f"{s:>10}  {lrs[s]:.6g}")
-
-    try:
-        import matplotlib
-    except ImportError:
-        raise BadInput("the plot needs matplotlib: pip install matplotlib "
-                          "(or -e '.[dev]')") from None
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-    fig, ax = plt.subplots(figsize=(8, 4))
-    ax.plot(steps, lrs)
-    ax.axvline(a.warmup_steps, color="gray", linestyle=":", label="end of warmup")
-    ax.set_xlabel("optimizer step")
-    ax.set_ylabel("learning rate")
-    ax.set_title(f"warmup {a.warmup_steps}, cosine to {a.min_lr_ratio:g} × {a.max_lr:g} "
-                 f"at step {a.total_steps - 1}")
-    ax.legend()
-    ax.grid(alpha=0.3)
-    fig.tight_layout()
-    try:
-        fig.savefig(a.output, dpi=100)
-    except OSError as e:
-        raise BadInput(f"cannot write '{a.output}': {e.strerror or e}") from None
-    print(f"wrote {a.output}")
-    return EXIT_OK
+    return run_reported(lambda: lr_schedule_plot(a.warmup_steps, a.total_steps, a.max_lr,
+                                                 a.min_lr_ratio, a.output))
 
 
 if __name__ == "__main__":

@@ -14,13 +14,15 @@ import torch
 import yaml
 
 from conftest import DATA_DIR, ROOT, run_train
-from fp8train.batch import fit as autobatch
-from fp8train.batch.fit import (Probe, StepTimes, Timing, combine_timings, fastest,
-                                plan_from_fit, search_max_batch, speed_candidates,
-                                step_tokens_per_sec, time_candidates)
+from fp8train.batch.fit import (Probe, cache_path, choose_speed, discover, plan_from_fit,
+                                release_memory, search_max_batch, write_cache)
+from fp8train.batch.speed import (BUDGET_KEY, StepTimes, Timing, combine_timings,
+                                  describe_speed, fastest, speed_candidates, speed_table,
+                                  step_tokens_per_sec, time_candidates)
 from fp8train.config.load import Config, load_config
-from fp8train.errors import BadInput
+from fp8train.errors import BadInput, is_out_of_memory
 from fp8train.train.schedule import scaled_lr
+from train_with_budgets import ENV as RANK_BUDGETS
 
 
 def oom_above(n, bytes_per_seq=1000):
@@ -77,7 +79,7 @@ def test_an_allocation_failure_inside_a_library_counts_as_not_fitting(message):
             raise RuntimeError(message)
         return micro
     assert search_max_batch(Probe(trial, 1e12).fits, 64) == 6
-    assert autobatch.is_out_of_memory(RuntimeError(message))
+    assert is_out_of_memory(RuntimeError(message))
 
 
 @pytest.mark.parametrize("message", [
@@ -85,8 +87,8 @@ def test_an_allocation_failure_inside_a_library_counts_as_not_fitting(message):
     "mat1 and mat2 shapes cannot be multiplied (64x128 and 256x128)",
     "cuBLAS Error: an invalid numeric value was used as an argument"])
 def test_other_library_errors_are_not_out_of_memory(message):
-    assert not autobatch.is_out_of_memory(RuntimeError(message))
-    assert not autobatch.is_out_of_memory(ValueError("out of memory"))   # not from a device
+    assert not is_out_of_memory(RuntimeError(message))
+    assert not is_out_of_memory(ValueError("out of memory"))   # not from a device
 
 
 def test_an_out_of_memory_error_wrapped_in_another_is_recognised():
@@ -96,7 +98,7 @@ def test_an_out_of_memory_error_wrapped_in_another_is_recognised():
         except torch.OutOfMemoryError as e:
             raise ValueError("a library's own error while handling it") from e
     except ValueError as wrapped:
-        assert autobatch.is_out_of_memory(wrapped)
+        assert is_out_of_memory(wrapped)
 
 
 def test_discovery_releases_memory_and_restarts_the_peak_after_its_trials(tmp_path, monkeypatch):
@@ -104,7 +106,7 @@ def test_discovery_releases_memory_and_restarts_the_peak_after_its_trials(tmp_pa
     (often failed) trial: after the last trial, discovery frees the cache and restarts the
     peak statistics of its device."""
     events = []
-    monkeypatch.setattr(autobatch, "release_memory",
+    monkeypatch.setattr("fp8train.batch.fit.release_memory",
                         lambda device=None: events.append(("release", device)))
 
     def trial(micro):
@@ -112,7 +114,7 @@ def test_discovery_releases_memory_and_restarts_the_peak_after_its_trials(tmp_pa
         return oom_above(5)(micro)
 
     cfg = Config(max_batch_size=8, probe_memory_limit_gb=1.0, output_dir=str(tmp_path))
-    fit = autobatch.discover(cfg, trial, {"k": 1}, torch.device("cpu"), 0, 1, True, print)
+    fit = discover(cfg, trial, {"k": 1}, torch.device("cpu"), 0, 1, True, print)
     assert fit.micro == 5
     trials = [e for e in events if e[0] == "trial"]
     assert len(trials) >= 4
@@ -128,10 +130,10 @@ def test_releasing_memory_restarts_the_cuda_peak(monkeypatch):
     monkeypatch.setattr(torch.cuda, "empty_cache", lambda: calls.append("empty_cache"))
     monkeypatch.setattr(torch.cuda, "reset_peak_memory_stats",
                         lambda device=None: calls.append(("reset_peak", device)))
-    autobatch.release_memory()                       # after one trial: the cache only
+    release_memory()                                 # after one trial: the cache only
     assert calls == ["empty_cache"]
     cuda = torch.device("cuda", 0)
-    autobatch.release_memory(cuda)                   # after the search: the peak too
+    release_memory(cuda)                             # after the search: the peak too
     assert calls[1:] == ["empty_cache", ("reset_peak", cuda)]
 
 
@@ -254,11 +256,13 @@ def test_a_model_that_does_not_fit_at_all_exits_2(tmp_path):
     assert "Traceback" not in r.stderr
 
 
-def torchrun2(*args, env_extra):
-    env = dict(os.environ, FP8TRAIN_DATA_DIR=DATA_DIR, **env_extra)
+def torchrun2(*args, budgets):
+    """Two ranks of train_fp8.py, rank i probing within the i-th of `budgets` (GB, comma-
+    separated), installed by tests/train_with_budgets.py."""
+    env = dict(os.environ, FP8TRAIN_DATA_DIR=DATA_DIR, **{RANK_BUDGETS: budgets})
     return subprocess.run([sys.executable, "-m", "torch.distributed.run", "--nproc_per_node",
-                           "2", "train_fp8.py", *map(str, args)], cwd=ROOT, env=env,
-                          capture_output=True, text=True, timeout=600)
+                           "2", "tests/train_with_budgets.py", *map(str, args)], cwd=ROOT,
+                          env=env, capture_output=True, text=True, timeout=600)
 
 
 def test_two_ranks_that_fit_different_sizes_agree_on_the_smaller(tmp_path):
@@ -266,12 +270,11 @@ def test_two_ranks_that_fit_different_sizes_agree_on_the_smaller(tmp_path):
     the target still holds, and nobody hangs."""
     one = tmp_path / "one"
     r1 = run_train(*AUTO, "--output_dir", one, "--plan-only", "--target_effective_batch_size=128",
-                   env={autobatch.LIMIT_ENV: "0.05"})
+                   "--probe_memory_limit_gb=0.05")
     small_fit = probe_file(one)[0]["fitted_micro_batch"]
     two = tmp_path / "two"
     r = torchrun2(*AUTO, "--output_dir", two, "--max_steps=2", "--warmup_steps=1",
-                  "--target_effective_batch_size=128",
-                  env_extra={autobatch.LIMIT_ENV: "0.25,0.05"})
+                  "--target_effective_batch_size=128", budgets="0.25,0.05")
     assert r.returncode == 0 and r1.returncode == 0, r.stderr[-3000:]
     assert r.stdout.count("batch plan:") == 1  # rank 0 prints
     derived = yaml.safe_load(open(two / "config.yaml"))["derived"]
@@ -293,7 +296,7 @@ def test_a_rank_whose_probe_fails_stops_every_rank(tmp_path):
     """Rank 1 cannot even read its budget: both ranks stop with rank 1's error instead of
     rank 0 waiting for it forever."""
     r = torchrun2(*AUTO, "--output_dir", tmp_path / "run", "--plan-only",
-                  env_extra={autobatch.LIMIT_ENV: "0.25,not-a-number"})
+                  budgets="0.25,not-a-number")
     assert r.returncode != 0
     assert r.stderr.count("batch discovery failed on rank 1: ValueError") == 2
 
@@ -456,9 +459,9 @@ def test_choose_speed_times_once_then_reads_the_cache(tmp_path):
     calls, said = [], []
     cfg = Config(target_effective_batch_size=64, max_batch_size=64, output_dir=str(tmp_path))
     key = {"k": 1}
-    autobatch.write_cache(autobatch.cache_path(cfg), key, 17, 1.0, [])
-    speed = autobatch.choose_speed(cfg, fake_trial(st, calls), key, 17, torch.device("cpu"), 1,
-                                   True, said.append)
+    write_cache(cache_path(cfg), key, 17, 1.0, [])
+    speed = choose_speed(cfg, fake_trial(st, calls), key, 17, torch.device("cpu"), 1,
+                         True, said.append)
     assert speed.micro == 8 and not speed.cached and calls[:3] == [16, 8, 4]
     assert [t.micro for t in speed.timings] == calls
     assert speed.timings[0].tokens_per_sec == pytest.approx(64 * cfg.seq_len / (4 * 1.0 + 0.1))
@@ -466,26 +469,26 @@ def test_choose_speed_times_once_then_reads_the_cache(tmp_path):
     assert entry["fitted_micro_batch"] == 17                     # the fit is kept
     assert entry["speed"]["per_rank"] == 64 and \
         [t["micro"] for t in entry["speed"]["timings"]] == calls
-    lines = autobatch.describe_speed(speed, 0.03)
+    lines = describe_speed(speed, 0.03)
     assert any("micro    8" in x and x.endswith("<- fastest") for x in lines)
 
     calls.clear()
-    again = autobatch.choose_speed(cfg, fake_trial(st, calls), key, 17, torch.device("cpu"), 1,
-                                   True, said.append)
+    again = choose_speed(cfg, fake_trial(st, calls), key, 17, torch.device("cpu"), 1,
+                         True, said.append)
     assert calls == [] and again.cached and again.micro == 8
     assert [(t.micro, t.peak_bytes) for t in again.timings] == \
         [(t.micro, t.peak_bytes) for t in speed.timings]
     assert [t.tokens_per_sec for t in again.timings] == \
         pytest.approx([t.tokens_per_sec for t in speed.timings], abs=0.1)
     other = Config(target_effective_batch_size=32, max_batch_size=64, output_dir=str(tmp_path))
-    assert autobatch.choose_speed(other, fake_trial(st, calls), key, 17, torch.device("cpu"), 1,
-                                  True, said.append).micro == 8 and calls
+    assert choose_speed(other, fake_trial(st, calls), key, 17, torch.device("cpu"), 1,
+                        True, said.append).micro == 8 and calls
     calls.clear()
     off = Config(target_effective_batch_size=64, batch_timing_budget_s=0, output_dir=str(tmp_path))
     one = Config(target_effective_batch_size=7, output_dir=str(tmp_path))
     for c, fit in ((off, 17), (one, 5), (cfg, 1)):
-        assert autobatch.choose_speed(c, fake_trial(st, calls), key, fit, torch.device("cpu"), 1,
-                                      True, said.append) is None
+        assert choose_speed(c, fake_trial(st, calls), key, fit, torch.device("cpu"), 1,
+                            True, said.append) is None
     assert calls == []
 
 
@@ -497,10 +500,10 @@ def test_a_cache_entry_without_a_usable_fit_is_probed_again(tmp_path):
     key = {"k": 1}
     for broken in ({"speed": {"per_rank": 8}}, {"fitted_micro_batch": "7"},
                    {"fitted_micro_batch": 0}):
-        write_entry(autobatch.cache_path(cfg), key, broken)
+        write_entry(cache_path(cfg), key, broken)
         said = []
-        fit = autobatch.discover(cfg, oom_above(5), key, torch.device("cpu"), 0, 1, True,
-                                 said.append)
+        fit = discover(cfg, oom_above(5), key, torch.device("cpu"), 0, 1, True,
+                       said.append)
         assert fit.micro == 5 and not fit.cached and any("probing" in x for x in said)
         (entry,) = probe_file(tmp_path)
         assert entry["fitted_micro_batch"] == 5
@@ -510,13 +513,13 @@ def test_a_cache_that_cannot_be_written_is_a_note_not_a_failure(tmp_path):
     """batch_probe.json is a directory here, so the atomic rename onto it fails for real: the
     probe and the timing still decide, and the note says the next run measures again."""
     cfg = Config(target_effective_batch_size=64, max_batch_size=64, output_dir=str(tmp_path))
-    os.makedirs(autobatch.cache_path(cfg) + "/x")
+    os.makedirs(cache_path(cfg) + "/x")
     said, calls = [], []
-    fit = autobatch.discover(cfg, oom_above(17), {"k": 1}, torch.device("cpu"), 0, 1, True,
-                             said.append)
+    fit = discover(cfg, oom_above(17), {"k": 1}, torch.device("cpu"), 0, 1, True,
+                   said.append)
     st = {m: StepTimes(m * 10**6, 0.1 * m, 0.1) for m in (16, 8, 4, 2, 1)}
-    speed = autobatch.choose_speed(cfg, fake_trial(st, calls), {"k": 1}, fit.micro,
-                                   torch.device("cpu"), 1, True, said.append)
+    speed = choose_speed(cfg, fake_trial(st, calls), {"k": 1}, fit.micro,
+                         torch.device("cpu"), 1, True, said.append)
     assert fit.micro == 17 and speed.micro == 16 and calls
     notes = [x for x in said if "could not write the cache" in x]
     assert len(notes) == 2 and all("the next run measures again" in x for x in notes)
@@ -527,17 +530,17 @@ def test_a_table_cut_short_by_the_budget_is_timed_again_with_another_budget(tmp_
     cfg = Config(target_effective_batch_size=64, max_batch_size=64, output_dir=str(tmp_path),
                  batch_timing_budget_s=1e-9)   # the largest only: the budget is spent at once
     key, calls = {"k": 1}, []
-    autobatch.write_cache(autobatch.cache_path(cfg), key, 17, 1.0, [])
-    first = autobatch.choose_speed(cfg, fake_trial(st, calls), key, 17, torch.device("cpu"), 1,
-                                   True, print)
+    write_cache(cache_path(cfg), key, 17, 1.0, [])
+    first = choose_speed(cfg, fake_trial(st, calls), key, 17, torch.device("cpu"), 1,
+                         True, print)
     assert calls == [16] and "batch_timing_budget_s" in first.stopped
     calls.clear()
-    same = autobatch.choose_speed(cfg, fake_trial(st, calls), key, 17, torch.device("cpu"), 1,
-                                  True, print)
+    same = choose_speed(cfg, fake_trial(st, calls), key, 17, torch.device("cpu"), 1,
+                        True, print)
     assert same.cached and calls == []
     more = Config(target_effective_batch_size=64, max_batch_size=64, output_dir=str(tmp_path))
-    again = autobatch.choose_speed(more, fake_trial(st, calls), key, 17, torch.device("cpu"), 1,
-                                   True, print)
+    again = choose_speed(more, fake_trial(st, calls), key, 17, torch.device("cpu"), 1,
+                         True, print)
     assert not again.cached and len(calls) >= 2
 
 
@@ -556,15 +559,22 @@ def compiling(clock, tps, compile_s, timed_s):
 
 
 def test_compiling_is_not_charged_to_the_budget():
-    """Each size compiles for 100 s, more than the whole 30 s budget, then runs 5 s of timed
-    steps: every size is timed (5 × 5 s), and each Timing says which seconds were which. Charged
-    with the whole call, as when compiling counted, only the largest was timed."""
+    """Each size compiles for 20 s, close to the whole 30 s budget, then runs 5 s of timed
+    steps: every size is timed (5 × 5 s of budget), and each Timing says which seconds were
+    which. Charged with the whole call, as when compiling counted, only the largest was timed.
+    Compiling is bounded apart: at 100 s a size, after two sizes (200 s, past 4 × 30 s) no third
+    one starts."""
     tps = {16: 100, 8: 99, 4: 98, 2: 97, 1: 96}
+    clock = FakeClock()
+    measure, calls = compiling(clock, tps, compile_s=20, timed_s=5)
+    got, why = time_candidates(measure, [16, 8, 4, 2, 1], 30, clock)
+    assert calls == [16, 8, 4, 2, 1] and why == "" and clock.now == 125
+    assert [(t.timed_s, t.warmup_s) for t in got] == [(5, 20)] * 5
     clock = FakeClock()
     measure, calls = compiling(clock, tps, compile_s=100, timed_s=5)
     got, why = time_candidates(measure, [16, 8, 4, 2, 1], 30, clock)
-    assert calls == [16, 8, 4, 2, 1] and why == "" and clock.now == 525
-    assert [(t.timed_s, t.warmup_s) for t in got] == [(5, 100)] * 5
+    assert calls == [16, 8] and why.startswith("warm-up (compiling) took 200 s for 2 sizes")
+    assert "batch_timing_budget_s" in why   # a cache cut short by it is timed again elsewhere
     clock = FakeClock()
     measure, calls = measuring(clock, tps, cost=105)   # the time not split: all of it charged
     got, why = time_candidates(measure, [16, 8, 4, 2, 1], 30, clock)
@@ -588,9 +598,9 @@ def compiling_trial(clock, step_times, compile_s, calls):
 
 
 def test_choose_speed_under_compile_times_several_sizes_and_reports_compiling_apart(tmp_path):
-    """A 60 s compile per size against a 30 s budget: micro 16, 8, 4 and 2 are compiled and
+    """A 25 s compile per size, near the 30 s budget: micro 16, 8, 4 and 2 are compiled and
     timed (6.13 s of timed steps in all), micro 8 is taken (11% faster than 16), micro 2 (43%
-    slower than the best) ends the search; the 240 s of compiling are reported apart, in the
+    slower than the best) ends the search; the 100 s of compiling are reported apart, in the
     log, the table and the cache."""
     st = {16: StepTimes(16 * 10**6, 1.0, 0.1), 8: StepTimes(8 * 10**6, 0.45, 0.1),
           4: StepTimes(4 * 10**6, 0.26, 0.1), 2: StepTimes(2 * 10**6, 0.2, 0.1),
@@ -598,30 +608,30 @@ def test_choose_speed_under_compile_times_several_sizes_and_reports_compiling_ap
     cfg = Config(target_effective_batch_size=64, max_batch_size=64, compile=True,
                  output_dir=str(tmp_path))
     clock, calls, said = FakeClock(), [], []
-    speed = autobatch.choose_speed(cfg, compiling_trial(clock, st, 60, calls), {"k": 1}, 17,
-                                   torch.device("cpu"), 1, True, said.append, clock=clock)
+    speed = choose_speed(cfg, compiling_trial(clock, st, 25, calls), {"k": 1}, 17,
+                         torch.device("cpu"), 1, True, said.append, clock=clock)
     assert calls == [16, 8, 4, 2] and speed.micro == 8
     assert "micro 2 was 43% slower than the best" in speed.stopped
     assert [t.timed_s for t in speed.timings] == pytest.approx([3.1, 1.45, 0.88, 0.7])
-    assert [t.warmup_s for t in speed.timings] == pytest.approx([60] * 4)
-    assert speed.seconds == pytest.approx(6.13) and speed.warmup_seconds == pytest.approx(240)
+    assert [t.warmup_s for t in speed.timings] == pytest.approx([25] * 4)
+    assert speed.seconds == pytest.approx(6.13) and speed.warmup_seconds == pytest.approx(100)
     assert any(x.startswith("batch timing: micro-batches 16, 8, 4, 2, 1 ") and
                x.endswith("within 30 s of timed steps (each size compiles first, not counted)")
                for x in said)
-    lines = autobatch.describe_speed(speed, 0.03)
-    assert lines[0].startswith("batch timing (6.1 s of timed steps + 240.0 s warm-up and "
+    lines = describe_speed(speed, 0.03)
+    assert lines[0].startswith("batch timing (6.1 s of timed steps + 100.0 s warm-up and "
                                "compiling, not counted in the budget)")
-    assert lines[2].endswith("timed 1.45 s, warm-up 60.0 s  <- fastest")
+    assert lines[2].endswith("timed 1.45 s, warm-up 25.0 s  <- fastest")
     (entry,) = probe_file(tmp_path)
     table = entry["speed"]
-    assert (table["timed_s"], table["warmup_s"]) == (6.13, 240.0)
+    assert (table["timed_s"], table["warmup_s"]) == (6.13, 100.0)
     assert [(t["micro"], t["timed_s"], t["warmup_s"]) for t in table["timings"]] == \
-        [(16, 3.1, 60.0), (8, 1.45, 60.0), (4, 0.88, 60.0), (2, 0.7, 60.0)]
+        [(16, 3.1, 25.0), (8, 1.45, 25.0), (4, 0.88, 25.0), (2, 0.7, 25.0)]
     calls.clear()   # the next start reads the table, seconds included, and compiles nothing
-    again = autobatch.choose_speed(cfg, compiling_trial(clock, st, 60, calls), {"k": 1}, 17,
-                                   torch.device("cpu"), 1, True, said.append, clock=clock)
+    again = choose_speed(cfg, compiling_trial(clock, st, 25, calls), {"k": 1}, 17,
+                         torch.device("cpu"), 1, True, said.append, clock=clock)
     assert calls == [] and again.cached and again.micro == 8
-    assert autobatch.speed_table(again) == table["timings"]
+    assert speed_table(again) == table["timings"]
 
 
 def test_timing_that_cannot_compare_two_sizes_says_so_in_one_line(tmp_path):
@@ -631,17 +641,17 @@ def test_timing_that_cannot_compare_two_sizes_says_so_in_one_line(tmp_path):
     st = {m: StepTimes(m * 10**6, 6.0, 2.0) for m in (16, 8, 4, 2, 1)}
     clock, calls, said = FakeClock(), [], []
     one = Config(target_effective_batch_size=7, compile=True, output_dir=str(tmp_path))
-    assert autobatch.choose_speed(one, compiling_trial(clock, st, 60, calls), {"k": 1}, 5,
-                                  torch.device("cpu"), 1, True, said.append, clock=clock) is None
+    assert choose_speed(one, compiling_trial(clock, st, 60, calls), {"k": 1}, 5,
+                        torch.device("cpu"), 1, True, said.append, clock=clock) is None
     assert calls == [] and said == [
         "batch timing: skipped, nothing to compare: 1 is the only micro-batch up to the fit (5) "
         "that divides the 7 sequences per rank"]
     cfg = Config(target_effective_batch_size=64, max_batch_size=64, compile=True,
                  output_dir=str(tmp_path))
-    speed = autobatch.choose_speed(cfg, compiling_trial(clock, st, 60, calls), {"k": 1}, 17,
-                                   torch.device("cpu"), 1, True, said.append, clock=clock)
+    speed = choose_speed(cfg, compiling_trial(clock, st, 60, calls), {"k": 1}, 17,
+                         torch.device("cpu"), 1, True, said.append, clock=clock)
     assert calls == [16] and [t.micro for t in speed.timings] == [16] and speed.micro == 16
-    lines = autobatch.describe_speed(speed, 0.03)
+    lines = describe_speed(speed, 0.03)
     assert not any("fastest" in x for x in lines)
     assert lines[-1] == (
         "  not timed: 8, 4, 2, 1 (the 30 s timing budget (batch_timing_budget_s) cannot time a "
@@ -667,7 +677,7 @@ def test_a_compiled_run_times_two_sizes_with_a_budget_below_one_compile(tmp_path
     speed = entry["speed"]
     assert entry["fitted_micro_batch"] == 2 and speed["candidates"] == [2, 1]
     table = speed["timings"]
-    assert [t["micro"] for t in table] == [2, 1] and autobatch.BUDGET_KEY not in \
+    assert [t["micro"] for t in table] == [2, 1] and BUDGET_KEY not in \
         speed["stopped"], speed
     assert all(t["tokens_per_sec"] > 0 and t["timed_s"] > 0 and t["warmup_s"] > 0
                for t in table), table

@@ -44,19 +44,22 @@ def test_bench_rejects_steps_that_are_not_whole_warmup_intervals():
 
 
 def _bench():
+    """The command line's parse (scripts/bench.py) and the suite it fills in (fp8train.observe.bench)."""
     import importlib.util
+
+    from fp8train.observe import bench as suite
     spec = importlib.util.spec_from_file_location("bench", ROOT / "scripts" / "bench.py")
-    bench = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(bench)
-    return bench
+    script = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(script)
+    return script.parse, suite
 
 
 def test_default_suite_is_small_and_probes_once_per_preset():
     """The default suite (it must fit its 9.5-minute budget) and what each process is told:
     the probe is eager and --plan-only in the base precision; every configuration then trains
     at that micro-batch, without a probe of its own (a compiled probe compiles every trial)."""
-    bench = _bench()
-    args = bench.parse([])
+    parse, bench = _bench()
+    args = parse([])
     assert (args.presets, args.precisions, args.compile, args.warmup, args.steps,
             args.budget_min, args.fp8_layers) == ("gpt2-124m", f"bf16,{bench.default_fp8()}",
                                                   "on", 10, 20, 9.5, "all")
@@ -65,9 +68,9 @@ def test_default_suite_is_small_and_probes_once_per_preset():
     assert bench.default_fp8() == ("te" if importlib.util.find_spec("transformer_engine")
                                    else "torchao")
     assert len(bench.configurations(args)) == 2
-    full = bench.parse(["--full"])
+    full = parse(["--full"])
     assert len(bench.configurations(full)) == 12 and full.budget_min == 60
-    assert bench.parse(["--full", "--budget-min", "30"]).budget_min == 30
+    assert parse(["--full", "--budget-min", "30"]).budget_min == 30
     probe = bench.probe_args("gpt2-124m", "bf16", args, "d")
     assert {"--plan-only", "--auto_batch_size", "--compile=false", "--no_fp8",
             "--precision=bf16", "--max_batch_size=64"} <= set(probe)

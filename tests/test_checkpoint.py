@@ -4,7 +4,9 @@ import os
 
 import pytest
 
-from fp8train.checkpoint.manager import CheckpointManager, TrainState, resolve_resume
+from fp8train.checkpoint.locate import resolve_resume
+from fp8train.checkpoint.manager import CheckpointManager
+from fp8train.checkpoint.train_state import TrainState
 from fp8train.errors import BadInput
 
 
@@ -72,7 +74,8 @@ def test_resolve_resume(tmp_path):
 
 def test_changed_on_resume_reports_only_keys_that_change_training(tmp_path):
     from fp8train.config import load as C
-    from fp8train.checkpoint.manager import CONFIG_NAME, changed_on_resume
+    from fp8train.checkpoint.files import CONFIG_NAME
+    from fp8train.checkpoint.saved_config import changed_on_resume
     cfg = C.load_config(["--max_steps=100", "--warmup_steps=10"])
     (tmp_path / CONFIG_NAME).write_text(C.dump_yaml(cfg, {"world_size": 1}))
     now = C.to_dict(cfg)
@@ -100,7 +103,8 @@ def test_train_clock_excludes_paused_time():
 
 def test_manifest_verification_catches_every_kind_of_damage(tmp_path):
     import json
-    from fp8train.checkpoint.manager import MANIFEST, _checksums, verify
+    from fp8train.checkpoint.files import MANIFEST, _checksums
+    from fp8train.checkpoint.verify import verify
     d = tmp_path / "step_0000001"
     d.mkdir()
     (d / "model.safetensors").write_bytes(b"weights" * 100)
@@ -132,7 +136,7 @@ def test_candidates_newest_first_and_partial_writes_removed(tmp_path):
 
 def test_config_hash_ignores_harmless_keys_only():
     from fp8train.config import load as C
-    from fp8train.checkpoint.manager import config_hash
+    from fp8train.checkpoint.saved_config import config_hash
     base = C.to_dict(C.load_config(["--max_steps=100", "--warmup_steps=10"]))
     h = config_hash(base)
     assert config_hash({**base, "log_interval": 1, "max_steps": 5000, "output_dir": "x"}) == h
@@ -143,7 +147,8 @@ def test_config_hash_ignores_harmless_keys_only():
 
 def test_changed_on_resume_compares_data_size_and_effective_batch(tmp_path):
     from fp8train.config import load as C
-    from fp8train.checkpoint.manager import CONFIG_NAME, changed_on_resume
+    from fp8train.checkpoint.files import CONFIG_NAME
+    from fp8train.checkpoint.saved_config import changed_on_resume
     cfg = C.load_config(["--max_steps=100", "--warmup_steps=10"])
     data = {"train_tokens": 1000, "val_tokens": 100, "vocab_size": 256}
     (tmp_path / CONFIG_NAME).write_text(
@@ -190,7 +195,7 @@ class _Phases:
 
 def test_train_state_round_trips_through_json_exactly():
     import json
-    from fp8train.checkpoint.manager import TrainState
+    from fp8train.checkpoint.train_state import TrainState
     st = TrainState()
     st.step, st.tokens, st.data_position, st.fp8_off = 7, 7168, 112, True
     st.train_seconds, st.best_val_loss, st.best_val_step = 0.1 + 0.2, 3.866330146789551, 6
@@ -205,7 +210,9 @@ def test_train_state_round_trips_through_json_exactly():
 def test_save_writes_in_four_phases_and_restore_reads_the_json(tmp_path, monkeypatch):
     import json
     from faults import install_save_faults
-    from fp8train.checkpoint.manager import MANIFEST, TRAIN_STATE, TrainState, verify
+    from fp8train.checkpoint.files import MANIFEST, TRAIN_STATE
+    from fp8train.checkpoint.train_state import TrainState
+    from fp8train.checkpoint.verify import verify
     phases = _Phases(str(tmp_path))
     install_save_faults(phases, monkeypatch.setattr)   # observes the phases as faults would
     m = CheckpointManager(str(tmp_path), keep=3)
@@ -229,7 +236,8 @@ def test_save_writes_in_four_phases_and_restore_reads_the_json(tmp_path, monkeyp
 
 def test_restore_refuses_another_format_before_loading_anything(tmp_path):
     import json
-    from fp8train.checkpoint.manager import MANIFEST, TRAIN_STATE, TrainState
+    from fp8train.checkpoint.files import MANIFEST, TRAIN_STATE
+    from fp8train.checkpoint.train_state import TrainState
     m = CheckpointManager(str(tmp_path), keep=3)
     acc, st = _OneProcess(), TrainState()
     st.step = 5
@@ -355,7 +363,7 @@ def test_a_checkpoint_named_explicitly_is_never_replaced_by_another(tmp_path):
 
 
 def test_resume_paths_that_hold_no_checkpoint_say_what_was_looked_for(tmp_path):
-    from fp8train.checkpoint.manager import path_problem
+    from fp8train.checkpoint.locate import path_problem
     saved(tmp_path / "runs" / "test_fp8", 1, 2)
     runs, ck = tmp_path / "runs", tmp_path / "runs" / "test_fp8" / "checkpoints"
     (runs / "empty" / "checkpoints").mkdir(parents=True)
@@ -475,7 +483,7 @@ def test_a_read_error_that_proves_nothing_moves_no_checkpoint_aside(tmp_path, mo
     where a missing file would have been passed over."""
     import errno
 
-    import fp8train.checkpoint.manager as ckpt
+    import fp8train.checkpoint.verify as ckpt
     m = saved(tmp_path, 1, 2)
     newest = str(tmp_path / "checkpoints" / "step_0000002")
     real = {"listdir": os.listdir, "open": open}[where]
@@ -539,7 +547,8 @@ def test_a_background_save_writes_what_save_state_writes_as_of_its_step(tmp_path
 
     import torch
     from accelerate import Accelerator
-    from fp8train.checkpoint.manager import MANIFEST, read_manifest, verify
+    from fp8train.checkpoint.files import MANIFEST, read_manifest
+    from fp8train.checkpoint.verify import verify
     from fp8train.checkpoint.host_copy import HostCopy
     from fp8train.model import GPT, ModelConfig
     torch.manual_seed(0)
@@ -781,7 +790,7 @@ def test_a_host_copy_that_fails_turns_async_off_and_saves_now(tmp_path, monkeypa
     """The copy into host memory fails (on a GPU: the pinned-memory allocation, which cannot
     happen here, so HostCopy.copy is made to raise as CUDA's allocator does): that checkpoint is
     written synchronously at once, with one warning, and so is every later one."""
-    from fp8train.checkpoint.manager import read_manifest
+    from fp8train.checkpoint.files import read_manifest
     from fp8train.checkpoint.host_copy import HostCopy
 
     def no_pinned_memory(self, obj):
@@ -805,7 +814,7 @@ def test_a_failed_background_write_at_the_end_is_written_again(tmp_path, monkeyp
     """A stop that came while a background save was being started ends the run at that step;
     the write then fails in its thread: nothing trained since, so the run's last wait writes the
     same step again, synchronously, instead of ending with exit 1 and losing it."""
-    from fp8train.checkpoint.manager import read_manifest
+    from fp8train.checkpoint.files import read_manifest
     failures = []
 
     def full_once(self, tmp, step, optimizers):

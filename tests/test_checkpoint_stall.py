@@ -11,7 +11,8 @@ from types import SimpleNamespace
 
 import pytest
 
-from fp8train.checkpoint.manager import CheckpointManager, TrainState
+from fp8train.checkpoint.manager import CheckpointManager
+from fp8train.checkpoint.train_state import TrainState
 
 
 @pytest.fixture(autouse=True)
@@ -48,7 +49,7 @@ def test_a_background_save_of_1_gb_leaves_the_training_thread_running(tmp_path):
     bound, 0.25 s, leaves the loaded machine 8x margin and fails that writer 3x over."""
     import torch
     from accelerate import Accelerator
-    from fp8train.checkpoint.manager import verify
+    from fp8train.checkpoint.verify import verify
     from fp8train.checkpoint.host_copy import HostCopy
     torch.manual_seed(0)
     model = torch.nn.Sequential(*[torch.nn.Linear(4096, 4096, bias=False) for _ in range(5)])
@@ -137,7 +138,7 @@ def _checkpointer(tmp_path, **keys):
 
 def test_an_old_safetensors_turns_checkpoint_async_off_with_one_warning(tmp_path, monkeypatch):
     import safetensors
-    from fp8train.checkpoint.manager import read_manifest
+    from fp8train.checkpoint.files import read_manifest
     monkeypatch.setattr(safetensors, "__version__", "0.7.0")
     c, said, rows = _checkpointer(tmp_path)
     assert not c.background and c.copier is None

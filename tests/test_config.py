@@ -217,7 +217,7 @@ def test_text_that_reads_as_a_number_is_written_quoted_and_loads_back_as_text(tm
 
 
 def test_help_lists_every_key_without_importing_torch():
-    code = ("import sys; from fp8train.cli import main; rc = main(['--help']); "
+    code = ("import sys; from fp8train.train.cli import main; rc = main(['--help']); "
             "print('TORCH', 'torch' in sys.modules, rc)")
     out = subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True,
                          text=True, check=True).stdout
@@ -335,7 +335,7 @@ def test_a_saved_config_from_before_recipes_per_backend_resumes_unchanged(tmp_pa
     """config.yaml files written before fp8_recipe covered every backend recorded torchao's
     default 'tensorwise' under te and native too; resuming such a run is no config change, while
     a real recipe change still is."""
-    from fp8train.checkpoint.manager import changed_on_resume
+    from fp8train.checkpoint.saved_config import changed_on_resume
     from fp8train.config.schema import to_dict
     old = to_dict(C.Config(use_fp8=True, fp8_backend="te"))
     old["fp8_recipe"] = "tensorwise"

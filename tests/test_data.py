@@ -5,8 +5,10 @@ import numpy as np
 import pytest
 
 from fp8train.errors import BadInput
-from fp8train.data.loader import (ByteTokenizer, RandomWindows, build_tokenizer, corpus_path,
-                           load_tokens, val_batches)
+from fp8train.data.corpus import corpus_path
+from fp8train.data.loader import load_tokens
+from fp8train.data.tokenizers import ByteTokenizer, build_tokenizer
+from fp8train.data.windows import RandomWindows, val_batches
 
 
 def test_byte_tokenizer_round_trip():
@@ -117,7 +119,7 @@ def local_server(tmp_path):
 
 def test_download_checks_the_checksum_and_writes_atomically(tmp_path, local_server, data_dir,
                                                              monkeypatch):
-    import fp8train.data.loader as D
+    import fp8train.data.corpus as D
     root, url = local_server
     monkeypatch.delenv("FP8TRAIN_OFFLINE", raising=False)
     monkeypatch.delenv("HF_HUB_OFFLINE", raising=False)
@@ -150,23 +152,24 @@ def _prepared(root, name="mycorpus", train=2000, val=500, vocab=257):
 
 
 def test_a_prepared_name_is_found_under_data_dir_and_recorded_as_its_path(tmp_path, monkeypatch):
-    from fp8train.config.load import dump_yaml, load_config
+    from fp8train.config.load import dump_yaml
+    from fp8train.train.preflight import load_checked
     store = tmp_path / "store"
     _prepared(store)
     (store / "notes.txt").write_text("hello world\n" * 100)
     monkeypatch.chdir(tmp_path)   # no ./mycorpus here: the name is looked up in data_dir
-    cfg = load_config([f"--data_dir={store}", "--dataset=mycorpus"])
+    cfg = load_checked([f"--data_dir={store}", "--dataset=mycorpus"])
     assert cfg.dataset == str(store / "mycorpus")
     assert f"dataset: {store / 'mycorpus'}" in dump_yaml(cfg)
     (tmp_path / "mycorpus").mkdir()   # a folder of that name here, not a dataset: data_dir's wins
-    assert load_config([f"--data_dir={store}", "--dataset=mycorpus"]).dataset == \
+    assert load_checked([f"--data_dir={store}", "--dataset=mycorpus"]).dataset == \
         str(store / "mycorpus")
-    assert load_config([f"--data_dir={store}", "--dataset=notes.txt"]).dataset == \
+    assert load_checked([f"--data_dir={store}", "--dataset=notes.txt"]).dataset == \
         str(store / "notes.txt")
     # a path that exists as given wins over data_dir; known names stay names
     (tmp_path / "mycorpus.txt").write_text("x\n")
-    assert load_config([f"--data_dir={store}", "--dataset=mycorpus.txt"]).dataset == "mycorpus.txt"
-    assert load_config([f"--data_dir={store}", "--dataset=tinyshakespeare"]).dataset == \
+    assert load_checked([f"--data_dir={store}", "--dataset=mycorpus.txt"]).dataset == "mycorpus.txt"
+    assert load_checked([f"--data_dir={store}", "--dataset=tinyshakespeare"]).dataset == \
         "tinyshakespeare"
 
 

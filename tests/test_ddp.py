@@ -1,5 +1,5 @@
 """DDP, proven on the real trainer: torchrun starts 2 CPU processes (gloo) that run
-`fp8train.cli.main` exactly as `train_fp8.py` does. This file is also the driver those processes
+`fp8train.train.cli.main` exactly as `train_fp8.py` does. This file is also the driver those processes
 run (`python -m torch.distributed.run --nproc_per_node 2 tests/test_ddp.py OUT ARGS...`): it
 observes the run from outside the trainer, through Accelerate and torch, never through
 test-only code in fp8train:
@@ -74,7 +74,8 @@ def test_a_background_checkpoint_holds_every_ranks_rng_and_is_agreed_by_both(ddp
     """checkpoint_async under DDP: each rank writes its RNG states at the step, rank 0's thread
     the rest; its outcome is agreed at the next save (a collective on both ranks), which saves
     the last step synchronously."""
-    from fp8train.checkpoint.manager import read_manifest, verify
+    from fp8train.checkpoint.files import read_manifest
+    from fp8train.checkpoint.verify import verify
     ckpt = ddp_run["out"] / "checkpoints" / "step_0000003"
     assert verify(str(ckpt))[0] is None and read_manifest(str(ckpt))["async"] is True
     assert {"random_states_0.pkl", "random_states_1.pkl"} <= set(os.listdir(ckpt))
@@ -115,10 +116,12 @@ def test_ranks_read_disjoint_slices_of_the_single_process_order(ddp_run):
     order (E = effective batch): the two ranks never read the same window, and together they
     read exactly what one process with the same effective batch reads, in its order."""
     import torch
-    from fp8train.config.load import load_config
-    from fp8train.data.loader import RandomWindows, build_tokenizer, load_tokens
+    from fp8train.train.preflight import load_checked
+    from fp8train.data.loader import load_tokens
+    from fp8train.data.tokenizers import build_tokenizer
+    from fp8train.data.windows import RandomWindows
     argv = [a.replace("--config=", f"--config={ROOT}{os.sep}") for a in ddp_run["args"]]
-    cfg = load_config(argv + [f"--data_dir={DATA_DIR}"])   # the run's config, read as it read it
+    cfg = load_checked(argv + [f"--data_dir={DATA_DIR}"])   # the run's config, read as it read it
     splits = load_tokens(cfg.dataset, cfg.data_dir, build_tokenizer(cfg.tokenizer), cfg.seq_len,
                          cfg.val_fraction, log=lambda _: None)
     sampler = RandomWindows(splits.train, cfg.seq_len, cfg.seed)
@@ -157,8 +160,8 @@ def _drive(out_dir: str, argv: list) -> int:
     from torch.distributed.algorithms.ddp_comm_hooks import default_hooks
     from torch.nn.parallel import DistributedDataParallel
 
-    from fp8train.data import loader as data
-    from fp8train.cli import main
+    from fp8train.data import windows as data
+    from fp8train.train.cli import main
 
     seen = dict(model=None, init=None, options=None, allreduces=0, micro=[], batches=[])
 

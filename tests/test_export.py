@@ -101,7 +101,7 @@ def test_transformers_model_gives_our_logits(tmp_path, arch, kw, dtype):
 @pytest.mark.parametrize("name", ["native-gpt2", "torchao-llama"])
 def test_export_of_fp8_trained_run_loads_in_transformers(runs, tmp_path, name):
     from fp8train.evaluate import trained
-    from fp8train.data.loader import build_tokenizer
+    from fp8train.data.tokenizers import build_tokenizer
     out = tmp_path / "hf"
     r = subprocess.run([sys.executable, "scripts/export_hf.py", str(runs[name]), str(out)],
                        cwd=ROOT, capture_output=True, text=True, timeout=600)

@@ -163,7 +163,8 @@ def test_async_save_killed_mid_write_keeps_the_previous_one_and_resumes_bit_exac
     uninterrupted synchronous run, every loss included; its background-written checkpoint of
     step 33 is that run's file for file. Every save logs its duration, the time training waited
     and its size on disk; none comes near the window, so nothing is warned about."""
-    from fp8train.checkpoint.manager import directory_bytes, read_manifest, verify
+    from fp8train.checkpoint.files import directory_bytes, read_manifest
+    from fp8train.checkpoint.verify import verify
     out = tmp_path / "run"
     ckpts = out / "checkpoints"
     args = tiny_args(out, **ASYNC_ARGS)

@@ -194,7 +194,7 @@ def test_resume_without_the_fp8_state_would_differ(tmp_path):
         save_file(state, str(path), metadata={"format": "pt"})
         # A deliberate edit: record it in the manifest, or the resume would (rightly) refuse it.
         import json
-        from fp8train.checkpoint.manager import MANIFEST, _checksums
+        from fp8train.checkpoint.files import MANIFEST, _checksums
         manifest = json.loads((ckpt / MANIFEST).read_text())
         manifest["files"] = _checksums(str(ckpt), only=list(manifest["files"]))
         (ckpt / MANIFEST).write_text(json.dumps(manifest))

@@ -2,7 +2,7 @@
 the real trainer over gloo. This file is also the driver those processes run.
 
 `accelerate launch --config_file accelerate_configs/fsdp_8xh100.yaml --num_processes 2` starts
-2 CPU processes; each runs `fp8train.cli.main` twice on the same seed and data: with the default
+2 CPU processes; each runs `fp8train.train.cli.main` twice on the same seed and data: with the default
 (FP8 all-gather on under FSDP2) and with fp8_fsdp_all_gather: false (the weights gathered in
 fp32, then cast to FP8 by each layer).
 
@@ -383,3 +383,27 @@ def _rollback(seen: dict) -> dict:
 
 if __name__ == "__main__":
     sys.exit(_drive(sys.argv[1], sys.argv[2:]))
+
+
+def test_under_fsdp2_in_bf16_the_models_loss_is_not_cast_to_bf16(monkeypatch):
+    """The model returns its loss; Accelerate's FSDP2 policy would cast the root module's outputs
+    to bf16 (its MixedPrecisionPolicy output_dtype), rounding the loss to about 0.02. fp8train
+    gives Accelerate the launch's plugin with no output cast. CUDA is mocked (it cannot exist
+    here): only whether the plugin is built, and how, is checked; the FSDP_* variables are the
+    ones `accelerate launch` sets from accelerate_configs/fsdp_8xh100.yaml."""
+    import torch
+
+    from fp8train.train.build import fsdp2_plugin
+    for var, value in (("ACCELERATE_USE_FSDP", "true"), ("FSDP_VERSION", "2"),
+                       ("FSDP_AUTO_WRAP_POLICY", "TRANSFORMER_BASED_WRAP"),
+                       ("FSDP_TRANSFORMER_CLS_TO_WRAP", "Block")):
+        monkeypatch.setenv(var, value)
+    assert fsdp2_plugin("bf16") is None   # no CUDA: Accelerate runs DDP, nothing to change
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    plugin = fsdp2_plugin("bf16")
+    policy = plugin.mixed_precision_policy
+    assert plugin.fsdp_version == 2 and policy.output_dtype is None
+    assert policy.param_dtype == policy.reduce_dtype == torch.bfloat16
+    assert fsdp2_plugin("no") is None      # fp32: Accelerate's policy casts nothing
+    monkeypatch.setenv("FSDP_VERSION", "1")
+    assert fsdp2_plugin("bf16") is None

@@ -344,6 +344,7 @@ def test_reused_weight_keeps_the_scale_it_was_cast_with():
     ref_prec.state.scale.copy_(state.scale)
     ref_prec.state.scale[0, 1] = 1.0
     torch.testing.assert_close(y2, ref(x2), rtol=0, atol=0)
+    state.fold()   # the layer's records of this micro-batch into the history
     assert state.amax_history[0, 0, 1].item() == base.weight.abs().max().item()
     # A weight changed in place within the step: cast again, with the current scale.
     with torch.no_grad():

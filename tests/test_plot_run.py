@@ -1,7 +1,6 @@
 """scripts/plot_run.py and scripts/compare_runs.py on real tiny runs (FP8, stopped and resumed;
 fp32) and on broken inputs. The figures are checked by what they show (lines, labels, axis
-ranges), built by the script's own functions before they are saved."""
-import importlib.util
+ranges), built by the package's own functions (fp8train.observe.plot) before they are saved."""
 import json
 import struct
 import subprocess
@@ -50,20 +49,13 @@ def runs(tmp_path_factory):
     return {"fp8": base / "fp8", "fp32": base / "fp32"}
 
 
-def script(name):
-    spec = importlib.util.spec_from_file_location(name, ROOT / "scripts" / f"{name}.py")
-    mod = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(mod)
-    return mod
-
-
 def figures(run_dir):
     """The run's Plots, as plot_run.py builds them."""
     import matplotlib
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
+    from fp8train.observe import plot as mod
     from fp8train.observe.metrics_reader import lr_schedule, read_run_config, resume_steps
-    mod = script("plot_run")
     return mod, mod.Plots(plt, mod.read_metrics(str(run_dir)), run_dir.name,
                           resumes=resume_steps(str(run_dir)),
                           schedule=lr_schedule(read_run_config(str(run_dir))))
@@ -123,10 +115,8 @@ def test_torn_last_line_and_resumed_steps(runs, tmp_path):
     for name in ALWAYS:
         png_height(run / "plots" / name)
 
-    spec = importlib.util.spec_from_file_location("plot_run", ROOT / "scripts" / "plot_run.py")
-    mod = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(mod)
-    loaded = mod.load_rows(str(run / "metrics.jsonl"))
+    from fp8train.observe.metrics_reader import load_rows
+    loaded = load_rows(str(run / "metrics.jsonl"))
     assert len(loaded) == len(rows) and [r["step"] for r in loaded] == sorted(
         r["step"] for r in loaded)
     first = [r for r in loaded if r["step"] == train[0]["step"] and "train/loss" in r]

@@ -14,8 +14,8 @@ import pytest
 import yaml
 
 from conftest import DATA_DIR, ROOT, run_train, tiny_args
-from fp8train.data.loader import RandomWindows, ShardedTokens
 from fp8train.data.shards import HEADER_BYTES, open_shard, read_header
+from fp8train.data.windows import RandomWindows, ShardedTokens
 
 WORDS = ("the quick brown fox jumps over a lazy dog while seven wizards quietly hex "
          "jolly boxers and brave zebras drink milk").split()
@@ -34,9 +34,13 @@ def write_jsonl(path, docs, field="text"):
     return path
 
 
-def prepare(*args, env=None):
+def prepare(*args, env=None, kill_after=None):
+    """scripts/prepare_data.py; `kill_after=N`: SIGKILLed after its N-th shard
+    (tests/prepare_killed.py)."""
     full_env = dict(os.environ, FP8TRAIN_DATA_DIR=DATA_DIR, **(env or {}))
-    return subprocess.run([sys.executable, "scripts/prepare_data.py", *map(str, args)],
+    script = ["scripts/prepare_data.py"] if kill_after is None else \
+        ["tests/prepare_killed.py", str(kill_after)]
+    return subprocess.run([sys.executable, *script, *map(str, args)],
                           cwd=ROOT, env=full_env, capture_output=True, text=True, timeout=600)
 
 
@@ -118,7 +122,7 @@ def test_killed_preparation_resumes_to_byte_identical_shards(tmp_path):
             "--val_tokens", 2500, "--num_proc", 1]
     whole, cut = tmp_path / "whole", tmp_path / "cut"
     assert prepare(*args, "--output_dir", whole).returncode == 0
-    r = prepare(*args, "--output_dir", cut, env={"FP8TRAIN_PREPARE_KILL_AFTER": "4"})
+    r = prepare(*args, "--output_dir", cut, kill_after=4)
     assert r.returncode == -9  # SIGKILL, mid-run
     assert (cut / "train_999999.bin.tmp").exists() and not (cut / "meta.json").exists()
     r = prepare(*args, "--output_dir", cut)
@@ -411,7 +415,7 @@ def test_resuming_with_other_arguments_is_refused(tmp_path):
     out = tmp_path / "cut"
     args = ["--dataset", src, "--tokenizer", "byte", "--val_tokens", 2500, "--num_proc", 1,
             "--output_dir", out]
-    r = prepare(*args, "--shard_tokens", 3000, env={"FP8TRAIN_PREPARE_KILL_AFTER": "3"})
+    r = prepare(*args, "--shard_tokens", 3000, kill_after=3)
     assert r.returncode == -9
     r = prepare(*args, "--shard_tokens", 4000)
     assert r.returncode == 2 and "holds an unfinished preparation with other arguments " \
@@ -488,7 +492,7 @@ def test_a_cached_hub_tokenizer_loads_without_the_network(tmp_path, network):
 def test_batch_stream_yields_the_loop_order_with_or_without_prefetch(depth):
     """The background prefetch changes when batches are made, never which: rank 1 of 2,
     micro 4 × accum 3, resumed at data position 48."""
-    from fp8train.data.loader import BatchStream
+    from fp8train.data.windows import BatchStream
     tokens = np.arange(20_000, dtype=np.uint16)
     sampler = RandomWindows(tokens, 16, seed=3)
     stream = BatchStream(sampler, position=48, rank_offset=12, micro=4, accum=3, effective=24,

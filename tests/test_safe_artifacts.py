@@ -19,7 +19,8 @@ import pytest
 import torch
 
 from conftest import ROOT, run_train, tiny_args
-from fp8train.checkpoint.manager import MANIFEST_FORMAT, TRAIN_STATE, verify
+from fp8train.checkpoint.files import MANIFEST_FORMAT, TRAIN_STATE
+from fp8train.checkpoint.verify import verify
 from fp8train.checkpoint.safe_load import (DCP_METADATA_GLOBALS, TE_EXTRA_STATE_GLOBALS, _check_pickle,
                                 _Unsafe, rng_globals, unsafe_content)
 from fp8train.errors import BadInput

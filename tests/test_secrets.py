@@ -9,7 +9,7 @@ from collections import namedtuple
 import pytest
 
 from conftest import tiny_args
-from fp8train.observe import redaction as S
+from fp8train import errors as S
 from fp8train.config.load import dump_yaml, load_config
 
 

@@ -210,7 +210,8 @@ def test_a_stop_during_a_background_write_waits_for_it_then_saves_the_stop(tmp_p
     and exits 3; the resumed run logs exactly what the uninterrupted one logs. A window of 1 ms
     makes every save too long for it: said once by each process, the first time at start-up
     for the checkpoint it resumed."""
-    from fp8train.checkpoint.manager import read_manifest, verify
+    from fp8train.checkpoint.files import read_manifest
+    from fp8train.checkpoint.verify import verify
     out = tmp_path / "run"
     keys = dict(checkpoint_interval=5, checkpoint_async="true", checkpoint_window_s=0.001)
     r = faulty(out, "usr1@asyncsave:5", **keys)

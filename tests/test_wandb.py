@@ -190,7 +190,7 @@ def test_wandb_failing_at_init_does_not_stop_training(tmp_path):
             "def refuse(*a, **k):\n"
             "    raise wandb.errors.CommError('503 Service Unavailable')\n"
             "wandb.init = refuse\n"
-            "from fp8train.cli import main\n"
+            "from fp8train.train.cli import main\n"
             "sys.exit(main(sys.argv[1:]))\n")
     env = dict(wandb_env(tmp_path), FP8TRAIN_DATA_DIR=DATA_DIR)
     r = subprocess.run([sys.executable, "-c", code,

@@ -9,7 +9,7 @@ from faults import Faults, install  # noqa: E402
 
 install(Faults.from_env(int(os.environ.get("RANK", "0"))))
 
-from fp8train.cli import main  # noqa: E402
+from fp8train.train.cli import main  # noqa: E402
 
 if __name__ == "__main__":
     sys.exit(main())

@@ -9,13 +9,16 @@ from dataclasses import dataclass
 import torch
 
 from ..checkpoint.resume import saved_micro_batch
-from ..config.load import Config, origin_layer
+from ..config.schema import Config
+from ..config.validate import origin_layer
 from ..errors import BadInput
 from ..model import GPT
 from ..precision import Precision, build_precision
 from ..train.optimizer import build_optimizer
-from . import fit as autobatch
+from .fit import (DoesNotFit, cache_key, cache_path, check_target, choose_speed, discover,
+                  make_trial, plan_from_fit)
 from .plan import BatchPlan, manual_plan
+from .speed import describe_speed, speed_table
 
 
 @dataclass(frozen=True)
@@ -44,13 +47,13 @@ def run_length(cfg: Config, train_tokens: int, plan: BatchPlan) -> RunLength:
     by_epochs = not cfg.lr_decay_steps and lr_steps != cfg.max_steps
     if warmup >= lr_steps and by_epochs and \
             origin_layer(cfg, "warmup_steps") >= origin_layer(cfg, "num_epochs"):
-        # As for max_steps (config.validate): a length set with the warmup, or after it, means
+        # As for max_steps (config/validate.py): a length set with the warmup, or after it, means
         # both, and they contradict each other. Epochs become steps only now, with the data.
         raise BadInput(f"{cfg.where('warmup_steps', 'num_epochs')}: key 'warmup_steps' "
                           f"({cfg.warmup_steps}) must be smaller than the run's total steps "
                           f"(num_epochs {cfg.num_epochs} × {steps_per_epoch} steps/epoch = "
                           f"{lr_steps}): the LR would never decay")
-    if warmup >= lr_steps:     # the contradictions above, and in config.validate, were refused
+    if warmup >= lr_steps:     # the contradictions above, and in config/validate.py, were refused
         warmup = int(lr_steps * SHORTENED_WARMUP)
         what = "lr_decay_steps" if cfg.lr_decay_steps else "the run's"
         note = (f"warmup_steps ({cfg.warmup_steps}, "
@@ -65,7 +68,7 @@ class BatchDecision:
     plan: BatchPlan
     note: str = ""                          # how it was decided, for the log and config.yaml
     activation_checkpointing: bool = False  # the run's setting: the config's, or the probe's
-    timings: tuple = ()                     # the timed micro-batches (autobatch.speed_table)
+    timings: tuple = ()                     # the timed micro-batches (speed.speed_table)
 
     def derived(self) -> dict:
         """config.yaml's derived keys of the decision."""
@@ -83,7 +86,7 @@ def written_plan(cfg: Config, world: int) -> "BatchPlan | None":
     """The batch plan as written (None with auto_batch_size: discovered once the model is
     known). Checked before anything is built, as is the target a discovered plan must meet."""
     if cfg.auto_batch_size:
-        autobatch.check_target(cfg, world)
+        check_target(cfg, world)
         return None
     return manual_plan(cfg, world)
 
@@ -98,7 +101,7 @@ def decide_batch(cfg: Config, written: "BatchPlan | None", mcfg, prec: Precision
         return BatchDecision(written, "", cfg.activation_checkpointing)
     micro = saved_micro_batch(checkpoint, world) if checkpoint else None
     if micro is not None:
-        plan = autobatch.plan_from_fit(cfg, world, micro)
+        plan = plan_from_fit(cfg, world, micro)
         return BatchDecision(plan, f"micro-batch {plan.micro} as in the checkpoint",
                              cfg.activation_checkpointing)
     return _discover(cfg, mcfg, prec, accelerator, run_dir, log)
@@ -113,8 +116,8 @@ def _discover(cfg: Config, mcfg, prec: Precision, accelerator, run_dir: str,
         device_desc = f"{props.name}, {props.total_memory / 2**30:.1f} GiB"
     else:
         device_desc = device.type
-    key = autobatch.cache_key(cfg, dataclasses.asdict(mcfg), prec.name, device_desc,
-                              accelerator.num_processes)
+    key = cache_key(cfg, dataclasses.asdict(mcfg), prec.name, device_desc,
+                    accelerator.num_processes)
     if accelerator.distributed_type == "FSDP":
         log.warn("batch discovery under FSDP probes an unsharded copy of the model on each rank: "
                  "it counts every parameter, gradient and optimizer moment whole, so the "
@@ -122,7 +125,7 @@ def _discover(cfg: Config, mcfg, prec: Precision, accelerator, run_dir: str,
                  "gradient_accumulation_steps by hand to use more memory)")
 
     def trial(act: bool):
-        return autobatch.make_trial(
+        return make_trial(
             build_model=lambda: new_model(mcfg, act),
             build_precision=lambda: build_precision(cfg, device, warn=lambda _: None,
                                                     run_dir=run_dir),
@@ -131,15 +134,14 @@ def _discover(cfg: Config, mcfg, prec: Precision, accelerator, run_dir: str,
                                            penalty_weight=cfg.penalty_weight)[0],
             cfg=cfg, vocab_size=mcfg.vocab_size, device=device, autocast=accelerator.autocast)
 
-    def discover(act: bool, key: dict):
-        return autobatch.discover(cfg, trial(act), key, device, accelerator.process_index,
-                                  accelerator.num_processes, accelerator.is_main_process,
-                                  log.msg, run_dir)
+    def probe(act: bool, key: dict):
+        return discover(cfg, trial(act), key, device, accelerator.process_index,
+                        accelerator.num_processes, accelerator.is_main_process, log.msg, run_dir)
 
     note = ""
     try:
-        fit = discover(act, key)
-    except autobatch.DoesNotFit as e:
+        fit = probe(act, key)
+    except DoesNotFit as e:
         if act:
             raise
         # Recomputing activations costs ~30% more compute: worth it only when nothing fits
@@ -147,22 +149,20 @@ def _discover(cfg: Config, mcfg, prec: Precision, accelerator, run_dir: str,
         log.warn(f"{e}; trying again with activation_checkpointing on")
         act = True
         key = dict(key, activation_checkpointing=True)
-        fit = discover(act, key)
+        fit = probe(act, key)
         note = "; activation_checkpointing turned on: micro-batch 1 did not fit without it"
-    how = f"cached in {autobatch.cache_path(cfg, run_dir)}" if fit.cached else \
+    how = f"cached in {cache_path(cfg, run_dir)}" if fit.cached else \
         f"probe {fit.seconds:.1f} s"
     note = f"fitted micro {fit.micro} of max {cfg.max_batch_size} ({how}){note}"
-    speed = autobatch.choose_speed(cfg, trial(act), key, fit.micro, device,
-                                   accelerator.num_processes, accelerator.is_main_process,
-                                   log.msg, run_dir)
+    speed = choose_speed(cfg, trial(act), key, fit.micro, device, accelerator.num_processes,
+                         accelerator.is_main_process, log.msg, run_dir)
     if speed is None:
-        plan = autobatch.plan_from_fit(cfg, accelerator.num_processes, fit.micro)
+        plan = plan_from_fit(cfg, accelerator.num_processes, fit.micro)
         return BatchDecision(plan, note, act)
-    for line in autobatch.describe_speed(speed, cfg.batch_speed_tolerance):
+    for line in describe_speed(speed, cfg.batch_speed_tolerance):
         log.msg(line)
-    plan = autobatch.plan_from_fit(cfg, accelerator.num_processes, speed.micro)
+    plan = plan_from_fit(cfg, accelerator.num_processes, speed.micro)
     largest = speed.candidates[0]
     chosen = f"micro {speed.micro} the fastest of {len(speed.timings)} timed" + (
         f" (the largest, {largest}, is slower)" if speed.micro != largest else "")
-    return BatchDecision(plan, f"{note}; {chosen}", act,
-                         tuple(autobatch.speed_table(speed)))
+    return BatchDecision(plan, f"{note}; {chosen}", act, tuple(speed_table(speed)))

@@ -18,7 +18,7 @@ memory use, so reruns and requeued jobs skip the probe.
 
 The largest fit is not always the fastest: `choose_speed` then times the micro-batches up to it
 that divide the rank's share of the target and takes the fastest (the rule, the budget and the
-table: batch_speed.py); its table is cached beside the fit.
+table: speed.py); its table is cached beside the fit.
 """
 from __future__ import annotations
 
@@ -30,20 +30,16 @@ from typing import Callable, Optional
 
 import torch
 
-from ..config.load import Config
+from ..config.schema import Config
 from ..errors import BadInput, is_out_of_memory, one_line
 from ..io import read_entry, write_entry
 from ..model import compiled
 from ..ranks import RankFailed, gather
-# The speed timing's names stay importable from here (planning and the tests use them).
-from .speed import (BUDGET_KEY, CLEAR_FALL, TIMED_STEPS, Speed, StepTimes, Timing,  # noqa: F401
-                    agree_speed, cached_speed, combine_timings, describe_speed, fastest,
+from .plan import BatchPlan, nearest_valid_targets
+from .speed import (TIMED_STEPS, Speed, StepTimes, Timing, agree_speed, cached_speed, fastest,
                     speed_candidates, speed_table, step_tokens_per_sec, time_candidates)
 
 CACHE_FILE = "batch_probe.json"
-# Per-rank memory budgets for testing and debugging (comma-separated GB, indexed by rank):
-# lets one rank "have" less memory than another.
-LIMIT_ENV = "FP8TRAIN_PROBE_MEMORY_LIMIT_GB"
 
 
 # --- the search ---------------------------------------------------------------------------------
@@ -212,13 +208,9 @@ def uses_cuda_graphs(compile_mode: str) -> bool:
 
 
 def device_budget(cfg: Config, device: torch.device, rank: int) -> float:
-    """Bytes a micro-batch may use: (1 - memory_headroom) × the device's memory, or × the
-    configured limit."""
+    """Bytes a micro-batch may use on `rank`'s device: (1 - memory_headroom) × the device's
+    memory, or × probe_memory_limit_gb when it is set (the same on every rank)."""
     limit_gb = cfg.probe_memory_limit_gb
-    env = os.environ.get(LIMIT_ENV)
-    if env:
-        parts = [p.strip() for p in env.split(",") if p.strip()]
-        limit_gb = float(parts[min(rank, len(parts) - 1)])
     if limit_gb is not None:
         total = limit_gb * 1e9
     elif device.type == "cuda":
@@ -237,7 +229,7 @@ def cache_key(cfg: Config, model_desc: dict, precision: str, device_desc: str, w
                 activation_checkpointing=cfg.activation_checkpointing,
                 device=device_desc, world_size=world, torch=torch.__version__,
                 max_batch_size=cfg.max_batch_size, memory_headroom=cfg.memory_headroom,
-                memory_limit=os.environ.get(LIMIT_ENV) or cfg.probe_memory_limit_gb)
+                memory_limit=cfg.probe_memory_limit_gb)
 
 
 def cache_path(cfg: Config, run_dir: Optional[str] = None) -> str:
@@ -346,7 +338,7 @@ def after_trials(cfg: Config, device: torch.device) -> None:
         torch.compiler.reset()
 
 
-# --- the fastest micro-batch (the rule and the table: batch_speed.py) ---------------------------
+# --- the fastest micro-batch (the rule and the table: speed.py) ---------------------------------
 
 def measure_with(trial, per_rank: int, seq_len: int) -> Callable[[int], Optional[Timing]]:
     """measure(micro) for time_candidates over a make_trial trial (None: out of memory); its
@@ -423,7 +415,6 @@ def choose_speed(cfg: Config, trial, key: dict, fitted: int, device: torch.devic
 
 def check_target(cfg: Config, world: int) -> int:
     """Sequences per rank per step; the target must split evenly over the ranks."""
-    from .plan import nearest_valid_targets
     target = cfg.target_effective_batch_size
     if target % world:
         near = nearest_valid_targets(target, world)
@@ -434,10 +425,9 @@ def check_target(cfg: Config, world: int) -> int:
     return target // world
 
 
-def plan_from_fit(cfg: Config, world: int, fitted: int):
+def plan_from_fit(cfg: Config, world: int, fitted: int) -> BatchPlan:
     """The largest micro-batch ≤ fitted that divides the per-rank share of the target, and the
     accumulation that makes micro × accum × world == target exactly."""
-    from .plan import BatchPlan
     per_rank = check_target(cfg, world)
     cap = min(fitted, per_rank, cfg.max_batch_size)
     micro = max(d for d in range(1, cap + 1) if per_rank % d == 0)

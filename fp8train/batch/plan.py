@@ -3,7 +3,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from ..config.load import Config
+from ..config.schema import Config
 from ..errors import BadInput
 
 

@@ -1,5 +1,5 @@
 """The fastest micro-batch: the rule, the search over the candidates, the agreement over ranks and
-the table. `autobatch.choose_speed` runs them on real training steps (autobatch.make_trial).
+the table. `fit.choose_speed` runs them on real training steps (fit.make_trial).
 
 Larger is not always faster: past the point where a step is compute-bound, a larger micro-batch
 only adds memory pressure (allocator churn, fragmentation). After the fit is known, each
@@ -31,6 +31,10 @@ from ..ranks import RankFailed, gather
 TIMED_STEPS = 3     # forward+backward micro-steps timed per candidate, after one warm-up step
 CLEAR_FALL = 0.15   # a candidate this much slower than the best so far ends the search
 BUDGET_KEY = "batch_timing_budget_s"
+# Warm-up (building, compiling, CUDA graphs) is not charged to the budget, but it is bounded:
+# after two sizes, no further size starts once warm-up has taken this many budgets (a compile
+# of llama-1b with FP8 took 73 s on an H200: seven sizes would hold start-up for 8 minutes).
+WARMUP_BUDGETS = 4
 
 
 @dataclass(frozen=True)
@@ -94,13 +98,19 @@ def time_candidates(measure: Callable[[int], Optional[Timing]], candidates, budg
     """Time `candidates` largest first, until the throughput clearly falls (CLEAR_FALL below the
     best so far) or the next one's timed steps would overrun `budget_s` (taken to cost what the
     last one's did). The budget is charged with each Timing's `timed_s` only (the whole call
-    when `measure` does not report it); the rest of the call is its `warmup_s`, not charged.
+    when `measure` does not report it); the rest of the call is its `warmup_s`, not charged,
+    but bounded: once two sizes are timed, the next one would not start past WARMUP_BUDGETS
+    budgets of warm-up (taken to cost what the last one's did).
     `measure(micro)` is None for a micro-batch that ran out of memory (nothing charged).
     Returns the timings and why the search stopped early ("" when every candidate was timed)."""
-    timings, spent, last = [], 0.0, 0.0
+    timings, spent, last, warm = [], 0.0, 0.0, 0.0
     for micro in candidates:
         if timings and spent + last > budget_s:
             return timings, budget_stop(budget_s, timings, spent, last)
+        if len(timings) >= 2 and warm + timings[-1].warmup_s > WARMUP_BUDGETS * budget_s:
+            return timings, (f"warm-up (compiling) took {warm:.3g} s for {len(timings)} sizes: "
+                             f"another would pass {WARMUP_BUDGETS} × the {budget_s:g} s timing "
+                             f"budget ({BUDGET_KEY})")
         t0 = clock()
         t = measure(micro)
         cost = clock() - t0
@@ -109,6 +119,7 @@ def time_candidates(measure: Callable[[int], Optional[Timing]], candidates, budg
         last = cost if t.timed_s is None else t.timed_s
         spent += last
         t = replace(t, timed_s=last, warmup_s=max(0.0, cost - last))
+        warm += t.warmup_s
         timings.append(t)
         best = max(x.tokens_per_sec for x in timings)
         if t.tokens_per_sec < (1 - CLEAR_FALL) * best:

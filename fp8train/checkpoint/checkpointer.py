@@ -1,6 +1,6 @@
 """When the run saves, how (synchronously, or in the background with checkpoint_async), what a
-failed save means, and whether saves fit the preemption window (checkpoint.py: the format on
-disk, atomic writes, verification; stop_window.py: the window).
+failed save means, and whether saves fit the preemption window (manager.py: the format on
+disk, atomic writes; verify.py: verification; stop_window.py: the window).
 
 A checkpoint is taken at the interval, at a stop and at the end. A periodic one is not taken in
 the middle of a streak of non-finite steps (FP8 scale state may be poisoned: a rollback must
@@ -27,8 +27,9 @@ import time
 
 from ..errors import RunFailed
 from ..ranks import on_rank0
-from .manager import (BackgroundSave, CheckpointManager, CheckpointWriteError, directory_bytes,
-                      read_manifest)
+from .background import BackgroundSave
+from .files import directory_bytes, read_manifest
+from .manager import CheckpointManager, CheckpointWriteError
 from .stop_window import find_window
 from .write_stall import safetensors_holds_gil
 

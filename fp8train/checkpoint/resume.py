@@ -7,8 +7,10 @@ from typing import Callable, Optional
 from .. import ranks
 from ..errors import BadInput
 from ..train.schedule import lr_at
-from .manager import (CheckpointManager, changed_on_resume, read_manifest, resolve_resume,
-                      saved_derived)
+from .files import read_manifest
+from .locate import resolve_resume
+from .manager import CheckpointManager
+from .saved_config import changed_on_resume, saved_derived
 
 
 def choose_checkpoint(resume: str, manager: CheckpointManager, log,

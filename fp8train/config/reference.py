@@ -1,17 +1,16 @@
-"""The config reference, docs/config.md, generated from the config schema (fp8train/config/schema.py,
-read through fp8train.config.load):
+"""The config reference, docs/config.md, generated from the config schema
+(fp8train/config/schema.py):
 
     python -m fp8train.config.reference > docs/config.md
 
 One table per group, in the order `--help` shows them: the key, its type or allowed values,
 its default, whether a resumed run may change it, and its doc. A test compares docs/config.md
-with this output, so the page cannot drift from the schema. Standard library and
-fp8train.config.load only (no torch), like `--help`.
+with this output, so the page cannot drift from the schema. Standard library and the schema
+only (no torch), like `--help`.
 """
 from __future__ import annotations
 
-from . import load as config
-from .schema import _describe, default_of
+from .schema import GROUPS, _describe, default_of, key_fields
 
 COMMAND = "python -m fp8train.config.reference > docs/config.md"
 
@@ -86,8 +85,8 @@ def row(f) -> str:
 
 
 def render() -> str:
-    fields = config.key_fields()
-    groups = [g for g in config.GROUPS if any(f.metadata["group"] == g for f in fields)]
+    fields = key_fields()
+    groups = [g for g in GROUPS if any(f.metadata["group"] == g for f in fields)]
     lines = [INTRO.format(command=COMMAND,
                           groups=", ".join(f"[{g}](#{g})" for g in groups))]
     for group in groups:

@@ -15,35 +15,30 @@ producing byte-identical files, and one with other arguments is refused (--overw
 again). meta.json is written last: a directory with meta.json is a complete dataset, and
 training refuses one without it. A run that fails before anything resumable is written leaves
 nothing behind.
+
+The documents are read in documents.py, tokenized with tokenizers.prepare_tokenizer, and the
+output directory (what a rerun finds there) is output_dir.py's.
 """
 from __future__ import annotations
 
-import glob
 import json
 import os
-import re
 import time
 from dataclasses import dataclass
-from typing import Iterator, Optional
+from typing import Optional
 
 import numpy as np
 
-from ..errors import BadInput, did_you_mean, one_line
+from ..errors import BadInput
 from ..io import atomic_write, atomic_write_json
-from .loader import _offline, hub_unreachable
-from .shards import CHECKED_FILE, META_FILE, dtype_for_vocab, write_meta, write_shard
+from .documents import doc_batches, load_documents
+from .output_dir import (CARRY, PROGRESS, arguments, make_dirs, previous_preparation,
+                         remove_ours)
+from .shards import dtype_for_vocab, write_meta, write_shard
+from .tokenizers import prepare_tokenizer
 
-KNOWN = {  # name -> (hub path, config, split, text field)
-    "fineweb-edu": ("HuggingFaceFW/fineweb-edu", "sample-10BT", "train", "text"),
-    "openwebtext": ("Skylion007/openwebtext", None, "train", "text"),
-}
-LOCAL_BUILDERS = {".txt": "text", ".jsonl": "json", ".json": "json", ".parquet": "parquet"}
-PROGRESS = ".progress.json"
 DEFAULT_VAL_TOKENS = 1_000_000
 VAL_FRACTION = 0.1    # the most of a small corpus that the default validation split takes
-# The arguments that decide the output: a rerun (or a resume) must repeat them.
-OUTPUT_ARGS = ("dataset", "tokenizer", "text_field", "config_name", "split", "shard_tokens",
-               "val_tokens", "val_docs", "max_tokens")
 
 
 @dataclass
@@ -74,66 +69,14 @@ class PrepareArgs:
                               "pass one of them")
 
 
-# --- tokenizers with an end-of-text token ---------------------------------------------------------
-
-class _ByteEOT:
-    """UTF-8 bytes (0..255) plus an end-of-text id 256."""
-    name, vocab_size, eot = "byte", 257, 256
-
-    def encode_batch(self, texts):
-        return [np.frombuffer(t.encode("utf-8"), dtype=np.uint8).astype(np.int64)
-                for t in texts]
-
-
-class _TiktokenGPT2:
-    name, vocab_size = "gpt2", 50257
-
-    def __init__(self):
-        import tiktoken
-        self.enc = tiktoken.get_encoding("gpt2")
-        self.eot = self.enc.eot_token
-
-    def encode_batch(self, texts):
-        return [np.asarray(ids, dtype=np.int64) for ids in self.enc.encode_ordinary_batch(texts)]
-
-
-class _HF:
-    def __init__(self, name: str):
-        from .loader import HFTokenizer
-        self.tok = HFTokenizer(name, what="--tokenizer").tok
-        self.name, self.vocab_size = name, len(self.tok)
-        eot = self.tok.eos_token_id
-        if eot is None:
-            eot = self.tok.convert_tokens_to_ids("<|endoftext|>")
-            if eot == self.tok.unk_token_id:
-                eot = None
-        if eot is None:
-            raise BadInput(f"tokenizer '{name}' has no end-of-text token (eos_token or "
-                              "<|endoftext|>) to separate documents")
-        self.eot = int(eot)
-
-    def encode_batch(self, texts):
-        out = self.tok(list(texts), add_special_tokens=False)["input_ids"]
-        return [np.asarray(ids, dtype=np.int64) for ids in out]
-
-
-def make_tokenizer(name: str):
-    if name == "byte":
-        return _ByteEOT()
-    if name == "gpt2":
-        try:  # tiktoken is several times faster than the HF tokenizer, where it is installed
-            return _TiktokenGPT2()
-        except Exception:
-            pass
-    return _HF(name)
-
+# --- the tokenizer workers ------------------------------------------------------------------
 
 _WORKER_TOK = None
 
 
 def _init_worker(name: str) -> None:
     global _WORKER_TOK
-    _WORKER_TOK = make_tokenizer(name)
+    _WORKER_TOK = prepare_tokenizer(name)
 
 
 def _init_pool_worker(name: str) -> None:
@@ -149,140 +92,9 @@ def _encode(texts) -> list:
     return [np.concatenate([eot, ids]) for ids in tok.encode_batch(texts)]
 
 
-# --- documents ----------------------------------------------------------------------------------
-
-def load_documents(a: PrepareArgs, log=print):
-    """(an iterable dataset of rows, the text field)."""
-    kwargs = dict(split=a.split, streaming=a.streaming)
-    hub = False
-    if a.dataset in KNOWN:
-        path, config, split, field = KNOWN[a.dataset]
-        args, kwargs["split"] = (path, a.config_name or config), split
-        text_field, hub = field, True
-    elif a.dataset == "tinyshakespeare":
-        from .loader import corpus_path
-        data_dir = a.data_dir or os.environ.get("FP8TRAIN_DATA_DIR") or "data"
-        args = ("text",)
-        kwargs.update(data_files=corpus_path("tinyshakespeare", data_dir, log),
-                      sample_by="document")
-        text_field = "text"
-    elif _looks_local(a.dataset):
-        builder, files = _local_files(a.dataset)
-        args = (builder,)
-        kwargs.update(data_files=files, split="train")
-        if builder == "text":
-            kwargs["sample_by"] = "document"  # one document per file, not per line
-        text_field = "text" if builder == "text" else a.text_field
-    else:
-        args = (a.dataset, a.config_name)
-        text_field, hub = a.text_field, True
-    unreachable = _hub_access(a.dataset, log) if hub else None
-    import datasets
-    datasets.logging.set_verbosity(datasets.logging.CRITICAL)  # its errors come back as ours
-    datasets.disable_progress_bars()
-    try:
-        ds = datasets.load_dataset(*args, **kwargs)
-    except Exception as e:  # hub offline, unknown dataset, unreadable file
-        why = one_line(e)
-        if hub and unreachable:
-            why = ("not in the local HuggingFace cache, and the hub cannot be reached: "
-                   f"{unreachable}")
-        elif hub and _offline():
-            why = "not in the local HuggingFace cache, and offline mode is set"
-        raise BadInput(f"--dataset '{a.dataset}': cannot load it ({why})"
-                          + _did_you_mean(a.dataset)) from None
-    columns = ds.column_names if not a.streaming else (
-        list(ds.features) if ds.features is not None else None)
-    if columns is not None and text_field not in columns:
-        raise BadInput(f"--text_field: '{text_field}' is not a column of '{a.dataset}' "
-                          f"(columns: {', '.join(columns)})")
-    return ds, text_field
-
-
-def _hub_access(dataset: str, log) -> "str | None":
-    """Offline, or with the hub unreachable, the datasets library is told to use its cache
-    alone (it reads this when imported, and it is imported only after this): its client would
-    otherwise retry each file for about half a minute, a line per retry. Returns why the hub
-    is unreachable, if it is."""
-    unreachable = None
-    if not _offline():
-        unreachable = hub_unreachable()
-        if unreachable is None:
-            return None
-        log(f"the HuggingFace hub cannot be reached ({unreachable}): looking for '{dataset}' "
-            "in the local cache only")
-    os.environ["HF_HUB_OFFLINE"] = os.environ["HF_DATASETS_OFFLINE"] = "1"
-    return unreachable
-
-
-def _did_you_mean(name: str) -> str:
-    close = did_you_mean(name, [*KNOWN, "tinyshakespeare"])
-    return f"; did you mean '{close}'?" if close else ""
-
-
-def _looks_local(name: str) -> bool:
-    return os.path.exists(name) or any(c in name for c in "*?[") or \
-        os.path.splitext(name)[1].lower() in LOCAL_BUILDERS or \
-        name.startswith((".", "/", "~")) or name.count("/") > 1
-
-
-def _local_files(dataset: str):
-    """(the datasets builder, the files) for a file, a glob or a directory of text files."""
-    if os.path.isdir(dataset):
-        files = sorted(os.path.join(dataset, f) for f in os.listdir(dataset)
-                       if os.path.splitext(f)[1].lower() in LOCAL_BUILDERS)
-        if not files:
-            raise BadInput(f"--dataset: directory '{dataset}' has no .txt, .jsonl, .json or "
-                              ".parquet files")
-    else:
-        files = sorted(glob.glob(dataset)) if any(c in dataset for c in "*?[") else [dataset]
-        files = [f for f in files if os.path.isfile(f)]
-        if not files:
-            raise BadInput(f"--dataset: no file matches '{dataset}'")
-    exts = {os.path.splitext(f)[1].lower() for f in files}
-    if len(exts) != 1 or next(iter(exts)) not in LOCAL_BUILDERS:
-        raise BadInput(f"--dataset: '{dataset}' must be .txt, .jsonl, .json or .parquet "
-                          f"files of one kind (found {', '.join(sorted(exts))})")
-    return LOCAL_BUILDERS[exts.pop()], files
-
-
-def _rows(ds, dataset: str) -> Iterator[dict]:
-    """The rows, with a read error (a malformed line of a streamed file) as bad input."""
-    it, i = iter(ds), 0
-    while True:
-        try:
-            row = next(it)
-        except StopIteration:
-            return
-        except Exception as e:  # the datasets library's parsers raise many kinds
-            raise BadInput(f"--dataset '{dataset}': cannot read it after {i:,} rows "
-                              f"({one_line(e, 200, with_type=True)})") from None
-        yield row
-        i += 1
-
-
-def _doc_batches(ds, dataset: str, field: str, batch: int, skip: int) -> Iterator[list]:
-    buf = []
-    for i, row in enumerate(_rows(ds, dataset)):
-        if i < skip:
-            continue
-        text = row.get(field)
-        if text is None:
-            raise BadInput(f"--text_field: row {i} has no '{field}'")
-        if not isinstance(text, str):
-            raise BadInput(f"--text_field: '{field}' of row {i} is {type(text).__name__}, "
-                              "not text")
-        buf.append(text)
-        if len(buf) == batch:
-            yield buf
-            buf = []
-    if buf:
-        yield buf
-
-
 # --- the writer ---------------------------------------------------------------------------------
 
-class _Splitter:
+class Splitter:
     """Routes the token stream into val (first) and train shards, and remembers where it is."""
 
     def __init__(self, a: PrepareArgs, vocab: int, tok_name: str, state: dict, log):
@@ -321,16 +133,18 @@ class _Splitter:
         self.docs_in[self.split] += 1
         if self.split == "val" and self.a.val_docs:
             if self.docs_in["val"] >= self.a.val_docs:
-                self._flush(len_=self.buffered, switch=True)
+                self.flush(len_=self.buffered, switch=True)
             return True
         while self.buffered >= self.limit():
             if self.split == "val":
-                self._flush(len_=self.a.val_tokens or DEFAULT_VAL_TOKENS, switch=True)
+                self.flush(len_=self.a.val_tokens or DEFAULT_VAL_TOKENS, switch=True)
             else:
-                self._flush(len_=self.a.shard_tokens, switch=False)
+                self.flush(len_=self.a.shard_tokens, switch=False)
         return True
 
-    def _flush(self, len_: int, switch: bool) -> None:
+    def flush(self, len_: int, switch: bool) -> None:
+        """Write the first `len_` tokens held as the current split's next shard and save the
+        progress; `switch`: the validation split ends with this shard."""
         tokens = np.concatenate(self.buf) if self.buf else np.zeros(0, np.int64)
         out, rest = tokens[:len_], tokens[len_:]
         name = f"{self.split}_{(self.val_shards if self.split == 'val' else self.shard):06d}.bin"
@@ -347,15 +161,14 @@ class _Splitter:
         self.buf, self.buffered = ([rest] if len(rest) else []), len(rest)
         self._save_progress()
         self.log(f"wrote {name}: {len(out):,} tokens")
-        _kill_point(self.a.output_dir, self.shard + self.val_shards)
 
     def finish(self) -> None:
         if self.split == "val":  # the corpus ended inside the validation split
             self._finish_val()
         while self.buffered > self.a.shard_tokens:  # what the default val split held back
-            self._flush(len_=self.a.shard_tokens, switch=False)
+            self.flush(len_=self.a.shard_tokens, switch=False)
         if self.buffered:
-            self._flush(len_=self.buffered, switch=False)
+            self.flush(len_=self.buffered, switch=False)
         if self.tokens["train"] == 0:
             raise BadInput(f"--dataset '{self.a.dataset}': no training tokens (the dataset "
                               f"has no text, or the validation split took all "
@@ -381,12 +194,12 @@ class _Splitter:
                  f"({VAL_FRACTION:.0%}; the default {DEFAULT_VAL_TOKENS:,} needs a corpus of "
                  f"{int(DEFAULT_VAL_TOKENS / VAL_FRACTION):,} tokens; --val_tokens or "
                  "--val_docs sets it)")
-        self._flush(len_=n_val, switch=True)
+        self.flush(len_=n_val, switch=True)
 
     def _save_progress(self) -> None:
         carry = None
         if self.buffered:
-            carry = ".carry.npy"
+            carry = CARRY
             rest = np.concatenate(self.buf)
             atomic_write(os.path.join(self.a.output_dir, carry), lambda fh: np.save(fh, rest),
                          binary=True)
@@ -395,109 +208,19 @@ class _Splitter:
                      train_tokens=self.tokens["train"], val_docs=self.docs_in["val"],
                      train_docs=self.docs_in["train"], carry=carry,
                      val_max_token_id=self.max_id["val"],
-                     train_max_token_id=self.max_id["train"], arguments=_arguments(self.a))
+                     train_max_token_id=self.max_id["train"], arguments=arguments(self.a))
         atomic_write_json(os.path.join(self.a.output_dir, PROGRESS), state)
 
 
-# --- the output directory -----------------------------------------------------------------------
-
-def _arguments(a: PrepareArgs) -> dict:
-    """The arguments that decide the output, a local dataset's path made absolute."""
-    rec = {k: getattr(a, k) for k in OUTPUT_ARGS}
-    if a.dataset not in KNOWN and a.dataset != "tinyshakespeare" and _looks_local(a.dataset):
-        rec["dataset"] = os.path.abspath(os.path.expanduser(a.dataset))
-    return rec
-
-
-def _ours(name: str) -> bool:
-    """A file this module (or training's token-id check) writes into a prepared directory."""
-    return name.startswith((META_FILE, PROGRESS, ".carry.npy", CHECKED_FILE)) or bool(
-        re.fullmatch(r"(train|val)_\d{6}\.bin(\.tmp)?", name))
-
-
-def _remove_ours(directory: str) -> None:
-    meta = os.path.join(directory, META_FILE)
-    if os.path.exists(meta):  # first: a directory with meta.json counts as complete
-        os.remove(meta)
-    for name in os.listdir(directory):
-        if _ours(name):
-            os.remove(os.path.join(directory, name))
-
-
-def _differences(recorded: dict, now: dict) -> str:
-    def show(v):
-        return "default" if v is None else repr(v)
-    return ", ".join(f"{k}: {show(recorded[k])} -> {show(now[k])}"
-                     for k in OUTPUT_ARGS if k in recorded and recorded[k] != now[k])
-
-
-def _previous(a: PrepareArgs, log) -> "dict | None":
-    """What is already in the output directory: the meta of a finished preparation with these
-    arguments (nothing to do), None to go on (nothing there, or a resumable preparation with
-    these arguments), or a BadInput (other arguments, other files)."""
-    out = a.output_dir
-    if os.path.exists(out) and not os.path.isdir(out):
-        raise BadInput(f"output directory '{out}' is a file")
-    if not os.path.isdir(out):
-        return None
-    meta_path, progress = os.path.join(out, META_FILE), os.path.join(out, PROGRESS)
-    if a.overwrite and any(_ours(n) for n in os.listdir(out)):
-        _remove_ours(out)
-        log(f"--overwrite: removed the previous preparation in {out}")
-    foreign = sorted(n for n in os.listdir(out) if not _ours(n))
-    if foreign:
-        raise BadInput(f"output directory '{out}' holds files that are not a prepared "
-                          f"dataset ({', '.join(foreign[:3])}{', ...' if len(foreign) > 3 else ''}"
-                          "); choose another --name or --output_dir")
-    now = _arguments(a)
-    if os.path.isfile(meta_path):
-        try:
-            with open(meta_path, encoding="utf-8") as fh:
-                meta = json.load(fh)
-        except ValueError:
-            raise BadInput(f"'{meta_path}' is not valid JSON; pass --overwrite to prepare "
-                              f"'{out}' again") from None
-        diff = _differences(meta.get("arguments") or {}, now)
-        if diff:
-            raise BadInput(f"'{out}' is already prepared with other arguments ({diff}); pass "
-                              "--overwrite to replace it, or choose another --name or "
-                              "--output_dir")
-        log(f"{out} is already prepared with these arguments (meta.json exists): nothing to "
-            "do; --overwrite prepares it again")
-        return meta
-    if os.path.isfile(progress):
-        with open(progress) as fh:
-            diff = _differences(json.load(fh).get("arguments") or {}, now)
-        if diff:
-            raise BadInput(f"'{out}' holds an unfinished preparation with other arguments "
-                              f"({diff}); rerun with those to resume it, or pass --overwrite to "
-                              "start again")
-    return None
-
-
-def _make_dirs(path: str) -> list:
-    """Create `path` and its missing parents; the ones created, outermost first."""
-    created, p = [], os.path.abspath(path)
-    while not os.path.exists(p):
-        created.insert(0, p)
-        p = os.path.dirname(p)
-    try:
-        os.makedirs(path, exist_ok=True)
-    except OSError as e:
-        raise BadInput(f"cannot create output directory '{path}' "
-                          f"({e.strerror or one_line(e)})") from None
-    if not os.access(path, os.W_OK):
-        raise BadInput(f"output directory '{path}' is not writable")
-    return created
-
+# --- the pipeline ---------------------------------------------------------------------------
 
 def prepare(a: PrepareArgs, log=print) -> dict:
     a.check()
-    done = _previous(a, log)
+    done = previous_preparation(a, log)
     if done is not None:
         return done
     resumable = os.path.isfile(os.path.join(a.output_dir, PROGRESS))
-    created = _make_dirs(a.output_dir)
+    created = make_dirs(a.output_dir)
     try:
         return _prepare(a, log)
     except BaseException as e:
@@ -506,7 +229,7 @@ def prepare(a: PrepareArgs, log=print) -> dict:
         # rerun resumes from, if anything was written.
         if not resumable and (isinstance(e, BadInput) or
                               not os.path.isfile(os.path.join(a.output_dir, PROGRESS))):
-            _remove_ours(a.output_dir)
+            remove_ours(a.output_dir)
             for d in reversed(created):
                 if not os.listdir(d):
                     os.rmdir(d)
@@ -514,7 +237,7 @@ def prepare(a: PrepareArgs, log=print) -> dict:
 
 
 def _prepare(a: PrepareArgs, log) -> dict:
-    tok = make_tokenizer(a.tokenizer)
+    tok = prepare_tokenizer(a.tokenizer)
     ds, field = load_documents(a, log)
     state = {}
     progress = os.path.join(a.output_dir, PROGRESS)
@@ -523,10 +246,10 @@ def _prepare(a: PrepareArgs, log) -> dict:
             state = json.load(fh)
         log(f"resuming: {state['shard']} train and {state['val_shards']} val shards done, "
             f"{state['docs']:,} documents read")
-    sp = _Splitter(a, tok.vocab_size, tok.name, state, log)
+    sp = Splitter(a, tok.vocab_size, tok.name, state, log)
     t0, done_tokens = time.time(), 0
     bar = _progress_bar(a, len(ds) if hasattr(ds, "__len__") else None, state.get("docs", 0))
-    batches = _doc_batches(ds, a.dataset, field, a.batch_docs, skip=state.get("docs", 0))
+    batches = doc_batches(ds, a.dataset, field, a.batch_docs, skip=state.get("docs", 0))
     pool = None
     if a.num_proc > 1:
         import multiprocessing as mp
@@ -574,9 +297,9 @@ def _prepare(a: PrepareArgs, log) -> dict:
                 source=dict(text_field=field, split=a.split, config=a.config_name,
                             max_tokens=a.max_tokens, val_tokens=a.val_tokens,
                             val_docs=a.val_docs, shard_tokens=a.shard_tokens),
-                arguments=_arguments(a))
+                arguments=arguments(a))
     write_meta(a.output_dir, meta)
-    for leftover in (PROGRESS, ".carry.npy"):
+    for leftover in (PROGRESS, CARRY):
         p = os.path.join(a.output_dir, leftover)
         if os.path.exists(p):
             os.remove(p)
@@ -586,17 +309,6 @@ def _prepare(a: PrepareArgs, log) -> dict:
         f"{len(meta['splits']['val']['shards'])} shards ({tok.name}, vocab {tok.vocab_size:,}) "
         f"in {elapsed:.1f} s ({done_tokens / max(elapsed, 1e-9):,.0f} tokens/s)")
     return meta
-
-
-def _kill_point(output_dir: str, shards_written: int) -> None:
-    """For the interruption test: FP8TRAIN_PREPARE_KILL_AFTER=N kills this process with SIGKILL
-    after its N-th shard, leaving a half-written temporary file behind as a real kill would."""
-    n = os.environ.get("FP8TRAIN_PREPARE_KILL_AFTER")
-    if n and shards_written == int(n):
-        import signal
-        with open(os.path.join(output_dir, "train_999999.bin.tmp"), "wb") as fh:
-            fh.write(b"half a shard")
-        os.kill(os.getpid(), signal.SIGKILL)
 
 
 def _progress_bar(a: PrepareArgs, total_docs, initial):

@@ -14,6 +14,7 @@ import shlex
 
 from ..config.schema import KNOWN_DATASETS
 from ..errors import did_you_mean
+from .catalog import LOCAL_BUILDERS
 
 META_FILE = "meta.json"
 SNIFF_BYTES = 1 << 16
@@ -190,7 +191,7 @@ def _structured_error(path: str, what: str, ext: str, head: bytes, data_dir: str
            f"as dataset is read as plain text, so its {what} syntax would be trained on")
     field = _text_field(head) if what == "JSON lines" else None
     name = _safe_name(path)
-    if content or ext not in _readable_by_prepare():
+    if content or ext not in LOCAL_BUILDERS:
         target = os.path.splitext(path)[0] + ".jsonl"
         how = "rename it to .jsonl" if content else \
             f"convert it to JSON lines ({{\"text\": ...}} per document, e.g. '{target}')"
@@ -211,11 +212,6 @@ def _compressed_error(path: str, ext: str, kind: "str | None", data_dir: str,
     then = f"train with --dataset {shlex.quote(inner)}" if inner_ext in ("", ".txt") else \
         "prepare it: " + _prepare_command(inner, _safe_name(inner), data_dir, tokenizer)
     return f"{why}; decompress it first ({_COMPRESSED[ext]} {shlex.quote(path)}), then {then}"
-
-
-def _readable_by_prepare() -> set:
-    from .prepare import LOCAL_BUILDERS  # only on this error path: it imports numpy
-    return set(LOCAL_BUILDERS)
 
 
 def _safe_name(path: str) -> str:

@@ -39,7 +39,7 @@ def token_loss_sums(model, batches, device, context=contextlib.nullcontext, rank
 def whole_split_batches(tokens, seq_len: int, micro: int):
     """Every non-overlapping window of the split (all but its last partial one), in batches of
     `micro`: the loss of the whole split, not of a sample."""
-    from ..data.loader import _windows
+    from ..data.windows import inputs_and_targets as _windows
     starts = np.arange(0, len(tokens) - seq_len - 1, seq_len, dtype=np.int64)
     return _LazyBatches(tokens, starts, seq_len, micro, _windows)
 
@@ -85,7 +85,8 @@ def evaluate(path: str, split: str = "val", sequences: int | None = None, whole:
     of its run's data, as the training loop evaluates it: the same windows (eval_sequences of
     them, evenly spread) in the same micro-batches and precision. `whole` takes every window of
     the split instead. BadInput for bad input."""
-    from ..data.loader import load_splits, val_batches
+    from ..data.loader import load_splits
+    from ..data.windows import val_batches
     from ..errors import BadInput
     from . import trained
     dev = trained.pick_device(device)

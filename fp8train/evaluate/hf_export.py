@@ -176,7 +176,7 @@ def export(path: str, out_dir: str, dtype_name: str = "fp32", tokenizer: bool = 
     with AutoModelForCausalLM and compare its logits with ours; returns what fp8train_export.json
     records. BadInput for bad input (before anything is written), ToolFailed when the
     exported model does not reproduce ours."""
-    from ..checkpoint.manager import give_normal_mode
+    from ..checkpoint.files import give_normal_mode
     from ..errors import ToolFailed
     from . import trained
     if os.path.isdir(out_dir) and os.listdir(out_dir) and not overwrite:
@@ -253,7 +253,7 @@ def _tokenizer(name: str):
     """The run's tokenizer as a transformers tokenizer (loaded before anything is written)."""
     if name == "byte":
         return byte_tokenizer()
-    from ..data.loader import HFTokenizer
+    from ..data.tokenizers import HFTokenizer
     try:
         return HFTokenizer(name).tok
     except BadInput as e:

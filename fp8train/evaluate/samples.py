@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import torch
 
-from ..data.loader import build_tokenizer
+from ..data.tokenizers import build_tokenizer
 from ..errors import BadInput
 from ..model import generate
 

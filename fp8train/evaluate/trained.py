@@ -14,7 +14,8 @@ from dataclasses import dataclass
 
 import torch
 
-from ..checkpoint.manager import CONFIG_NAME, find_checkpoint, read_manifest
+from ..checkpoint.files import CONFIG_NAME, read_manifest
+from ..checkpoint.locate import find_checkpoint
 from ..checkpoint.safe_load import safe_unpickle
 from ..config import load as config_mod
 from ..config.load import Config

@@ -5,7 +5,7 @@
     samples(step, rows)      samples.jsonl + a W&B table
     summary(report)          summary.json + the W&B run's summary
 
-Secret values from the environment (fp8train/observe/redaction.py) are read once, here, and removed
+Secret values from the environment (fp8train/errors.py) are read once, here, and removed
 from everything that goes out through this object, W&B's config and arguments included.
 """
 from __future__ import annotations
@@ -18,7 +18,7 @@ from typing import Optional
 
 from ..errors import BadInput
 from ..io import atomic_write, atomic_write_json
-from .redaction import redact, secret_values
+from ..errors import redact, secret_values
 
 METRICS_NAME, SAMPLES_NAME, LOG_NAME, SUMMARY_NAME = \
     "metrics.jsonl", "samples.jsonl", "train.log", "summary.json"

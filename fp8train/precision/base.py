@@ -150,39 +150,46 @@ class LayerStats:
         return agg
 
 
-# The columns of a watched-step buffer ([layers, 12], written in place by the layers or the
-# scale probe, in compiled graphs too), in the order LayerStats reports them.
+# A watched step's statistics: one row per layer, FWD_STATS + BWD_STATS and last RAN (1 once
+# the layer ran a training pass while watched), in the order LayerStats reports them.
 FWD_STATS = ("fwd_scale_input", "fwd_scale_weight", "amax_input", "amax_weight",
              "saturated_input", "underflow_input", "saturated_weight", "underflow_weight")
 BWD_STATS = ("bwd_scale_grad_output", "amax_grad_output", "saturated_grad_output",
              "underflow_grad_output")
 N_FWD = len(FWD_STATS)
+RAN = N_FWD + len(BWD_STATS)
+
+
+def stats_row(device) -> torch.Tensor:
+    """A layer's row of watched-step statistics (zeros: nothing recorded)."""
+    return torch.zeros(RAN + 1, device=device)
 
 
 class WatchedStats(LayerStats):
-    """The statistics of a watched step, read from a buffer of FWD_STATS + BWD_STATS columns
-    (attribute `attr` of `owner`, which may allocate it late) for the layers that ran a training
-    pass while watched (`seen`: layer index -> bool). The writers only store into the buffer
-    and into `seen`, never read them: torch.compile replays the stores without guarding on
-    their values."""
+    """The statistics of a watched step, read from `tensors`: one row per layer (stats_row),
+    each a tensor of its own that its layer writes in place, forward and backward, in compiled
+    graphs too. One tensor per layer, not one shared buffer: DDP's compiled graphs are split at
+    bucket boundaries, and a tensor written by several of them would be saved for backward by
+    one and changed by the next (autograd's version check fails), or, functionalized per graph,
+    written back stale. A layer's RAN column, not a Python flag, says it ran: activation
+    checkpointing lets a compiled region change tensors, not Python objects."""
 
-    def __init__(self, names: list, owner: object, attr: str, seen: dict, per_layer: bool):
+    def __init__(self, names: list, tensors: list, per_layer: bool):
         super().__init__(per_layer)
-        self.names, self.owner, self.attr, self.seen = names, owner, attr, seen
+        self.names, self.tensors = names, tensors
 
     def clear(self) -> None:
         super().clear()
-        for i in self.seen:
-            self.seen[i] = False
+        for row in self.tensors:
+            row.zero_()
 
     def collect(self) -> "OrderedDict[str, torch.Tensor]":
-        ran = [i for i, seen in self.seen.items() if seen]
-        if ran:
-            # a snapshot: the layers keep writing the buffer
-            vals = getattr(self.owner, self.attr).detach().clone()
-            for i in ran:
-                row = self.rows.setdefault(self.names[i], {})
-                row.update({k: vals[i, j] for j, k in enumerate(FWD_STATS + BWD_STATS)})
+        if self.tensors:
+            vals = torch.stack(self.tensors)        # a snapshot: the layers keep writing
+            for i, ran in enumerate(vals[:, RAN].tolist()):
+                if ran:
+                    row = self.rows.setdefault(self.names[i], {})
+                    row.update({k: vals[i, j] for j, k in enumerate(FWD_STATS + BWD_STATS)})
         return super().collect()
 
 

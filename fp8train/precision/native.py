@@ -21,10 +21,15 @@ The layer is written for `torch.compile`: no graph break, no Python-side state c
 compiled graph could not replay. Each cast takes its tensor's amax (the one delayed scaling
 records for the next step) and the transposed copy that the backward GEMMs need in the same
 traced function (`cast_fp8`, what TE's cast-transpose kernel does), for the compiler to fuse.
-Amaxes go into the history, and the statistics of a watched step into a buffer
-(`fp8_state.watched`), through in-place tensor ops on state buffers, forward and backward alike,
-which torch.compile keeps in its graphs. Python flags that change what is traced (watching, FP8
-on or off) cost one recompilation each, never one per layer.
+Each layer writes only tensors of its own, through in-place ops that torch.compile keeps in its
+graphs, forward and backward alike: this micro-batch's amaxes (`fp8_amax`, folded into the
+shared history by `Fp8State.fold` after backward, eagerly) and a watched step's statistics
+(`fp8_stats`, base.stats_row). A tensor shared by every layer and written by each would break
+under DDP's compiled graphs, which are split at bucket boundaries: one graph saves it for
+backward and the next changes it. A layer finds its scales by a position tensor, not a Python
+int, so layers compiled one by one (FSDP2 wraps each block) share one graph. Python flags that
+change what is traced (watching, FP8 on or off) cost one recompilation each, never one per
+layer.
 
 Under gradient accumulation the backend (`Native`) casts each weight once per optimizer step,
 before the first micro-batch (eagerly, in `fp8_context`), and every micro-batch of the step
@@ -49,7 +54,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from ..ranks import rank_world
-from .base import BWD_STATS, FWD_STATS, N_FWD, Fp8Backend, WatchedStats
+from .base import N_FWD, RAN, Fp8Backend, WatchedStats, stats_row
 from .layers import replace_module
 from .scaling import FORMATS, FP8_MAX, current_scale, quant_stats, quantize, update_delayed_scaling
 
@@ -106,15 +111,10 @@ class Fp8State(nn.Module):
         fmax = torch.tensor([FP8_MAX[self.fwd_dtype], FP8_MAX[self.fwd_dtype],
                              FP8_MAX[self.bwd_dtype]])
         self.register_buffer("fp8_max", fmax.expand(n, 3).clone(), persistent=False)
-        # Statistics of the watched step, columns FWD_STATS + BWD_STATS; not state.
-        self.register_buffer("watched", torch.zeros(n, len(FWD_STATS) + len(BWD_STATS)),
-                             persistent=False)
         self.enabled = True       # False: the layers run as plain Linears (bf16 evaluation)
         self.watching = False
-        # Layer index -> recorded during the watch. Only ever stored to in a pass, never read
-        # there: torch.compile replays the store without guarding on the values.
-        self.seen = dict.fromkeys(range(n), False)
-        self.stats = WatchedStats(self.names, self, "watched", self.seen, per_layer_stats)
+        self.per_layer_stats = per_layer_stats
+        self.allocate(torch.device("cpu"))
         # True once Native.after_prepare set up the weight cache: the layers then read their
         # FP8 weights from it (Fp8Linear.cast_weight fills it), instead of casting them.
         self.cache_weights = False
@@ -139,24 +139,44 @@ class Fp8State(nn.Module):
                 if prefix + name in missing_keys:
                     missing_keys.remove(prefix + name)
 
+    def allocate(self, device: torch.device) -> None:
+        """Each layer's own tensors, on `device` (where the model is, once converted): its
+        micro-batch amaxes (input, weight, grad_output) and its watched-step statistics, and
+        its position in the state (a tensor: see the module's docstring). Plain attributes,
+        not buffers: they are not state (moved with the module all the same: _apply)."""
+        n = len(self.names)
+        self.layer_amax = [torch.zeros(3, device=device) for _ in range(n)]
+        self.layer_stats = [stats_row(device) for _ in range(n)]
+        self.layer_pos = [torch.tensor([i], device=device) for i in range(n)]
+        self.stats = WatchedStats(self.names, self.layer_stats, self.per_layer_stats)
+
+    def _apply(self, fn, recurse=True):
+        """Moved (or converted) with the module, in place: the layers hold these tensors."""
+        super()._apply(fn, recurse)
+        for t in (*self.layer_amax, *self.layer_stats, *self.layer_pos):
+            t.data = fn(t)
+        return self
+
     @torch.no_grad()
-    def record(self, index: int, cols: slice, *amaxes: torch.Tensor) -> None:
-        """Fold this pass's amax into the current history row (max, so that a recomputed forward
-        under activation checkpointing records the same value, not a second one). A non-finite
-        amax is recorded as 0. In-place tensor ops only: torch.compile keeps them in its graph,
-        in the backward too."""
-        new = _finite(torch.stack(amaxes) if len(amaxes) > 1 else amaxes[0].reshape(1))
-        row = self.amax_history[0, index, cols]
-        torch.maximum(row, new, out=row)
+    def fold(self) -> None:
+        """This micro-batch's amaxes, recorded by each layer, into the current history row (max,
+        as a recomputed forward under activation checkpointing records the same value again);
+        the layers' records start again from 0."""
+        if self.layer_amax:
+            row = self.amax_history[0]
+            torch.maximum(row, torch.stack(self.layer_amax), out=row)
+            for amax in self.layer_amax:
+                amax.zero_()
 
     def watch(self, on: bool) -> None:
         self.watching = on
         if on:
             self.stats.clear()
-            self.watched.zero_()
 
     @torch.no_grad()
     def update(self) -> None:
+        """The scales from the history, after folding in the layers' records (fold)."""
+        self.fold()
         if self.scale.numel() and not self.current:  # nothing to update: no layer, or no history
             update_delayed_scaling(self.amax_history, self.scale, self.fp8_max, self.margin,
                                    self.algo)
@@ -174,31 +194,30 @@ def fp8_mm(a: torch.Tensor, scale_a: torch.Tensor, b: torch.Tensor, scale_b: tor
 class _Fp8Matmul(torch.autograd.Function):
     """y = x @ w.t() from the FP8 operands cast outside (x2 and weight are inputs only for the
     gradients). Backward casts grad_output, records its amax (and statistics when watched) into
-    the state's buffers, and runs the two backward GEMMs in FP8.
+    the layer's own tensors, and runs the two backward GEMMs in FP8.
 
     xq: x2 in FP8, row-major; x_t: its transpose, row-major (None when emulating);
     wq: the weight in FP8 [N, K], row-major; w_t: its transpose [K, N], row-major (None when
     emulating); s_in, s_w, s_g: the scales of this pass (s_g unused under current scaling,
-    where grad_output is scaled from its own amax); meta: (index, record, watching, bwd_dtype,
-    emulate, out_dtype, current)."""
+    where grad_output is scaled from its own amax); amax, stats: the layer's own records;
+    meta: (record, watching, bwd_dtype, emulate, out_dtype, current)."""
 
     @staticmethod
-    def forward(ctx, x2, weight, xq, x_t, wq, w_t, s_in, s_w, s_g, history, watched, meta):
-        emulate, out_dtype = meta[4], meta[5]
+    def forward(ctx, x2, weight, xq, x_t, wq, w_t, s_in, s_w, s_g, amax, stats, meta):
+        emulate, out_dtype = meta[3], meta[4]
         y = fp8_mm(xq, s_in, wq.t(), s_w, out_dtype, emulate, fast_accum=True)
         # Column-major operands for the backward GEMMs: the transposed copies, seen transposed.
         ctx.save_for_backward(xq if emulate else x_t.t(), wq if emulate else w_t.t(),
                               s_in, s_w, s_g)
-        # Not saved tensors: the state buffers are written in place by the layers after this
-        # one, and this backward writes them again.
-        ctx.history, ctx.watched, ctx.meta = history, watched, meta
+        # Not saved tensors: this backward writes them in place.
+        ctx.amax, ctx.stats, ctx.meta = amax, stats, meta
         ctx.x_dtype, ctx.w_dtype = x2.dtype, weight.dtype
         return y
 
     @staticmethod
     def backward(ctx, grad_out):
         x_cm, w_cm, s_in, s_w, s_g = ctx.saved_tensors
-        i, record, watching, bwd_dtype, emulate, _, current = ctx.meta
+        record, watching, bwd_dtype, emulate, _, current = ctx.meta
         # grad_out can be strided (a compiled backward, a transposed use of the output):
         # _scaled_mm needs its first operand row-major, cast_fp8 makes it so.
         g2 = grad_out.reshape(-1, grad_out.shape[-1])
@@ -207,11 +226,11 @@ class _Fp8Matmul(torch.autograd.Function):
         else:
             gq, gq_t, a_g = cast_fp8(g2, s_g, bwd_dtype, transpose=not emulate)
         if record and not current:
-            row = ctx.history[0, i, GRAD_OUTPUT:]
+            row = ctx.amax[GRAD_OUTPUT:]
             torch.maximum(row, _finite(a_g).reshape(1), out=row)
         if record and watching:
             sat, und = quant_stats(g2, s_g, bwd_dtype)
-            ctx.watched[i, N_FWD:].copy_(torch.stack([s_g, a_g, sat, und]))
+            ctx.stats[N_FWD:RAN].copy_(torch.stack([s_g, a_g, sat, und]))
         grad_x = fp8_mm(gq, s_g, w_cm, s_w, ctx.x_dtype, emulate, fast_accum=False)
         grad_w = fp8_mm(gq.t() if emulate else gq_t, s_g, x_cm, s_in, ctx.w_dtype, emulate,
                         fast_accum=False)
@@ -229,6 +248,8 @@ class Fp8Linear(nn.Linear):
         new.fp8_index, new.fp8_name = index, name
         # A plain attribute, not a submodule: the state is registered once, on the model root.
         object.__setattr__(new, "fp8_state", state)
+        new.fp8_amax, new.fp8_stats = state.layer_amax[index], state.layer_stats[index]
+        new.fp8_pos = state.layer_pos[index]
         new.fp8_weight = new.fp8_weight_t = new.fp8_weight_scale = new.fp8_weight_amax = None
         return new
 
@@ -246,7 +267,7 @@ class Fp8Linear(nn.Linear):
     def cast_weight(self) -> None:
         """Cast the weight into the cache with the scale the forward would use."""
         st = self.fp8_state
-        wq, _, a_w, s_w = self._cast_weight(st, st.scale[self.fp8_index, WEIGHT], False)
+        wq, _, a_w, s_w = self._cast_weight(st, st.scale[self.fp8_index, WEIGHT], False)  # eager
         self.fp8_weight.copy_(wq)
         if self.fp8_weight_t is not None:
             self.fp8_weight_t.copy_(self.fp8_weight.t())
@@ -273,14 +294,13 @@ class Fp8Linear(nn.Linear):
         st = self.fp8_state
         if not st.enabled:
             return F.linear(x, self.weight, self.bias)
-        i = self.fp8_index
         # Only training passes move the scales; evaluation in FP8 reads them.
         record = self.training and torch.is_grad_enabled()
         dev = x.device.type
         out_dtype = torch.get_autocast_dtype(dev) if torch.is_autocast_enabled(dev) else x.dtype
         x2 = x.reshape(-1, x.shape[-1])
         # A copy: the state is updated in place after this micro-batch, backward needs these.
-        scales = st.scale[i].clone()
+        scales = st.scale.index_select(0, self.fp8_pos).reshape(3)
         s_in, s_g = scales[INPUT], scales[GRAD_OUTPUT]
         if st.current:
             xq, x_t, a_in, s_in = cast_fp8_current(x2.detach(), st.fwd_dtype,
@@ -289,18 +309,19 @@ class Fp8Linear(nn.Linear):
             xq, x_t, a_in = cast_fp8(x2.detach(), s_in, st.fwd_dtype, transpose=not st.emulate)
         wq, w_t, s_w, a_w = self._weight_fp8(st, scales[WEIGHT])
         if record:
-            if not st.current:
-                st.record(i, slice(INPUT, WEIGHT + 1), a_in, a_w)
-            if st.watching:
-                st.seen[i] = True
-                sat_in, und_in = quant_stats(x2, s_in, st.fwd_dtype)
-                sat_w, und_w = quant_stats(self.weight, s_w, st.fwd_dtype)
-                with torch.no_grad():
-                    st.watched[i, :N_FWD].copy_(torch.stack(
+            with torch.no_grad():
+                if not st.current:
+                    row = self.fp8_amax[INPUT:WEIGHT + 1]
+                    torch.maximum(row, _finite(torch.stack([a_in, a_w])), out=row)
+                if st.watching:
+                    sat_in, und_in = quant_stats(x2, s_in, st.fwd_dtype)
+                    sat_w, und_w = quant_stats(self.weight, s_w, st.fwd_dtype)
+                    self.fp8_stats[:N_FWD].copy_(torch.stack(
                         [s_in, s_w, a_in, a_w, sat_in, und_in, sat_w, und_w]))
-        meta = (i, record, st.watching, st.bwd_dtype, st.emulate, out_dtype, st.current)
+                    self.fp8_stats[RAN].fill_(1.0)
+        meta = (record, st.watching, st.bwd_dtype, st.emulate, out_dtype, st.current)
         y = _Fp8Matmul.apply(x2, self.weight, xq, x_t, wq, w_t, s_in, s_w, s_g,
-                             st.amax_history, st.watched, meta)
+                             self.fp8_amax, self.fp8_stats, meta)
         y = y.reshape(*x.shape[:-1], y.shape[-1])
         return y if self.bias is None else y + self.bias.to(y.dtype)
 
@@ -386,6 +407,7 @@ class Native(Fp8Backend):
         # own activations, as TE's current scaling does under data parallelism; the weights,
         # whole on every rank at the forward, get the same scale everywhere.)
         if not self.disabled and not self.state.current:
+            self.state.fold()
             if self.reduce_amax and rank_world()[1] > 1:
                 # The amax over every rank's data of this micro-batch (one small all-reduce of
                 # [layers, 3] values), so that every rank computes the same scales.

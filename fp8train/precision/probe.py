@@ -8,11 +8,13 @@ names the tile shape per tensor kind: its scale_fn then maps the grid of tile am
 grid of tile scales, the scale reported is the median tile scale, and each sampled value is
 judged with its own tile's scale.
 
-The probe is written for torch.compile, like the native layers: the statistics go into one
-[layers, 12] buffer through in-place tensor ops, the forward's from a forward hook, the
-grad_output's from the backward of an identity op the hook puts after the layer's output (a
-tensor hook there would break the compiled graph at every layer). Watching is a Python flag: a
-watched step costs one recompilation, once, never one per layer or per step."""
+The probe is written for torch.compile, like the native layers: each layer's statistics go into
+a row of its own (`module.fp8_stats`, base.stats_row) through in-place tensor ops, the forward's
+from a forward hook, the grad_output's from the backward of an identity op the hook puts after
+the layer's output (a tensor hook there would break the compiled graph at every layer). One hook
+for every layer, which reads the row from its module: no per-layer constant for a compiled
+graph to specialise on, so blocks compiled one by one (FSDP2) share one graph. Watching is a
+Python flag: a watched step costs one recompilation, once, never one per layer or per step."""
 from __future__ import annotations
 
 from typing import Callable, Optional
@@ -20,7 +22,7 @@ from typing import Callable, Optional
 import torch
 from torch import nn
 
-from .base import BWD_STATS, FWD_STATS, N_FWD, WatchedStats
+from .base import BWD_STATS, FWD_STATS, N_FWD, RAN, WatchedStats, stats_row
 from .scaling import block_amax, quant_stats, quant_stats_blocks
 
 # scale_fn(module, kind, amax) -> the scale the backend applies to that tensor, where kind is
@@ -34,14 +36,13 @@ class ScaleProbe:
         """tiles: kind -> (rows, cols) of the tiles that kind is scaled by (TE's block
         scaling); kinds not named are scaled as a whole."""
         self.scale_fn, self.dtypes, self.tiles = scale_fn, dtypes, tiles or {}
-        self.modules = list(modules.values())
-        self.values: Optional[torch.Tensor] = None   # [layers, 12], allocated when first watched
-        self.seen = dict.fromkeys(range(len(modules)), False)
-        self.stats = WatchedStats(list(modules), self, "values", self.seen, per_layer)
+        for m in modules.values():   # a plain attribute: not state, never checkpointed
+            m.fp8_stats = stats_row(_stats_device(m))
+        self.stats = WatchedStats(list(modules), [m.fp8_stats for m in modules.values()],
+                                  per_layer)
         self.watching = False
         self.identity = _grad_output_probe(self)
-        self.handles = [m.register_forward_hook(self._forward_hook(i))
-                        for i, m in enumerate(self.modules)]
+        self.handles = [m.register_forward_hook(self._hook) for m in modules.values()]
 
     def _measure(self, module: nn.Module, kind: str, t: torch.Tensor) -> dict:
         t = t.detach()
@@ -62,55 +63,56 @@ class ScaleProbe:
         return {f"{prefix}_scale_{kind}": scale, f"amax_{kind}": amax,
                 f"saturated_{kind}": sat, f"underflow_{kind}": under}
 
+    @staticmethod
     @torch.no_grad()
-    def _store(self, index: int, columns: tuple, vals: dict) -> None:
-        first = 0 if columns is FWD_STATS else N_FWD
-        row = torch.stack([vals[k].float().reshape(()) for k in columns])
-        self.values[index, first:first + len(columns)].copy_(row)
+    def _store(row: torch.Tensor, columns: tuple, vals: dict, first: int) -> None:
+        row[first:first + len(columns)].copy_(
+            torch.stack([vals[k].float().reshape(()) for k in columns]))
 
-    def _forward_hook(self, index: int):
-        def hook(module, inputs, output):
-            if not self.watching or not module.training or not torch.is_grad_enabled():
-                return None
-            vals = self._measure(module, "input", inputs[0])
-            vals.update(self._measure(module, "weight", module.weight))
-            self._store(index, FWD_STATS, vals)
-            self.seen[index] = True
-            if isinstance(output, torch.Tensor) and output.requires_grad:
-                return self.identity.apply(output, self.values, index)
+    def _hook(self, module, inputs, output):
+        if not self.watching or not module.training or not torch.is_grad_enabled():
             return None
-        return hook
+        vals = self._measure(module, "input", inputs[0])
+        vals.update(self._measure(module, "weight", module.weight))
+        row = module.fp8_stats
+        self._store(row, FWD_STATS, vals, 0)
+        with torch.no_grad():
+            row[RAN].fill_(1.0)
+        if isinstance(output, torch.Tensor) and output.requires_grad:
+            return self.identity.apply(output, row, module)
+        return None
 
-    def grad_output(self, index: int, grad: torch.Tensor) -> None:
+    def grad_output(self, module: nn.Module, row: torch.Tensor, grad: torch.Tensor) -> None:
         """Record the statistics of a watched layer's grad_output (called in backward)."""
-        vals = self._measure(self.modules[index], "grad_output", grad)
-        self._store(index, BWD_STATS, vals)
+        self._store(row, BWD_STATS, self._measure(module, "grad_output", grad), N_FWD)
 
     def watch(self, on: bool) -> None:
         self.watching = on
         if on:
-            if self.values is None:
-                device = next(iter(self.modules[0].parameters())).device if self.modules \
-                    else torch.device("cpu")
-                self.values = torch.zeros(len(self.modules), N_FWD + len(BWD_STATS),
-                                          device=device)
             self.stats.clear()
-            self.values.zero_()
+
+
+def _stats_device(module: nn.Module) -> torch.device:
+    """Where a layer's statistics row lives: the GPU the run uses (the weights may sit in host
+    memory under FSDP's CPU offload), else the weight's device."""
+    if torch.cuda.is_available():
+        return torch.device("cuda", torch.cuda.current_device())
+    return module.weight.device
 
 
 def _grad_output_probe(probe: ScaleProbe):
     """The identity, whose backward hands the gradient to `probe.grad_output`. A class per probe
     (an autograd.Function under torch.compile takes tensors and constants, not arbitrary
-    objects); `values` is the probe's buffer, passed so that the graph sees the backward write
-    to it."""
+    objects); `row` is the layer's statistics row, passed so that the graph sees the backward
+    write to it."""
     class GradOutputProbe(torch.autograd.Function):
         @staticmethod
-        def forward(ctx, y: torch.Tensor, values: torch.Tensor, index: int):
-            ctx.index = index
+        def forward(ctx, y: torch.Tensor, row: torch.Tensor, module: nn.Module):
+            ctx.row, ctx.module = row, module
             return y.view_as(y)
 
         @staticmethod
         def backward(ctx, grad: torch.Tensor):
-            probe.grad_output(ctx.index, grad)
+            probe.grad_output(ctx.module, ctx.row, grad)
             return grad, None, None
     return GradOutputProbe

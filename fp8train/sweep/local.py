@@ -11,7 +11,7 @@ import statistics
 import time
 from typing import Callable, Optional, Sequence
 
-from ..config.load import load_config
+from ..train.preflight import load_checked
 from ..errors import EXIT_FAILED, EXIT_OK, BadInput, SweepError
 from .command import DEFAULT_LAUNCHER, ROOT, build_command, config_argv, launcher_env
 from .process import run_command, trial_env
@@ -214,7 +214,7 @@ def _plan_trials(cfg: dict, path: str, trials: list, sweep_dir: str, overrides: 
         argv = build_command(command, program, params_i, environ=env)
         argv += list(overrides) + [f"--output_dir={run_dir}"]
         try:
-            load_config(config_argv(argv, program))
+            load_checked(config_argv(argv, program))
         except BadInput as e:
             shown = ", ".join(f"{k}={format_value(v)}" for k, v in params_i.items())
             raise SweepError(f"{path}: trial {i} ({shown}) with the overrides "

@@ -9,8 +9,9 @@ import os
 import re
 from typing import Any
 
-from ..config.load import KEYS, Config, load_config, read_yaml
+from ..config.load import KEYS, Config, read_yaml
 from ..errors import BadInput, SweepError, did_you_mean
+from ..train.preflight import load_checked
 from .command import (ARGS_MACROS, DEFAULT_COMMAND, EXAMPLE_COMMAND, LAUNCHER_ITEM, LAUNCHER_VAR,
                       PROGRAM, ROOT, build_command, config_argv, has_launcher, macro_problem)
 
@@ -162,7 +163,7 @@ def _check_program_and_command(cfg: dict, source: str) -> tuple[str, list[str]]:
             _fail(source, "command", f"--config {config_path}: file not found (paths are "
                   "relative to the repository root)")
         try:
-            load_config(["--config", resolved])
+            load_checked(["--config", resolved])
         except BadInput as e:
             _fail(source, "command", f"--config {config_path}: {e}")
     return program, command
@@ -303,7 +304,7 @@ def check_trial_config(command: list[str], program: str, params: dict) -> Config
     """The run config train_fp8.py reads from this trial's command line; BadInput if it
     would reject it."""
     built = build_command(command, program, params)
-    return load_config(config_argv(built, program))
+    return load_checked(config_argv(built, program))
 
 
 def strip_source(msg: str) -> str:

@@ -19,10 +19,13 @@ from ..batch.decide import (BatchDecision, RunLength, decide_batch, new_model, r
                             written_plan)
 from ..batch.plan import BatchPlan
 from ..checkpoint.checkpointer import Checkpointer
-from ..checkpoint.manager import CheckpointManager, TrainState, config_hash, saved_derived
+from ..checkpoint.manager import CheckpointManager
 from ..checkpoint.resume import check_config_change, choose_checkpoint, warn_schedule_change
+from ..checkpoint.saved_config import config_hash, saved_derived
+from ..checkpoint.train_state import TrainState
 from ..config.load import Config, dump_yaml, section, to_dict
-from ..data.loader import BatchStream, RandomWindows, check_batch_fits, load_splits, val_batches
+from ..data.loader import load_splits
+from ..data.windows import BatchStream, RandomWindows, check_batch_fits, val_batches
 from ..errors import BadInput
 from ..evaluate.evaluator import Evaluator
 from ..evaluate.evaluator import missed as missed_eval
@@ -249,6 +252,25 @@ def ensure_writable_dir(path: str, source: str) -> None:
         raise BadInput(f"{source}: key 'output_dir': '{path}' is not writable")
 
 
+def fsdp2_plugin(mixed_precision: str):
+    """Under an FSDP2 launch on CUDA in a reduced precision: Accelerate's FSDP plugin as the
+    launch configured it (its FSDP_* variables), but with no cast of the model's outputs.
+    Accelerate's own policy casts the root module's outputs to the compute dtype, and the
+    model's output is its loss, an fp32 scalar that bf16 would round to about 0.02 (the logged
+    loss, the spike check, the evaluation's sums). None otherwise: Accelerate builds its own."""
+    if not torch.cuda.is_available() or mixed_precision not in ("bf16", "fp16", "fp8") or \
+            os.environ.get("ACCELERATE_USE_FSDP", "false").lower() != "true" or \
+            os.environ.get("FSDP_VERSION", "1") != "2":
+        return None
+    from accelerate.utils import FullyShardedDataParallelPlugin
+    from torch.distributed.fsdp import MixedPrecisionPolicy
+    dtype = torch.float16 if mixed_precision == "fp16" else torch.bfloat16
+    plugin = FullyShardedDataParallelPlugin()
+    plugin.mixed_precision_policy = MixedPrecisionPolicy(param_dtype=dtype, reduce_dtype=dtype,
+                                                         output_dtype=None)
+    return plugin
+
+
 def _accelerator(cfg: Config, state, run_dir: str, log: Logger):
     from accelerate import Accelerator
     from accelerate.utils import DistributedDataParallelKwargs
@@ -263,6 +285,7 @@ def _accelerator(cfg: Config, state, run_dir: str, log: Logger):
     ddp = DistributedDataParallelKwargs(gradient_as_bucket_view=True, broadcast_buffers=False)
     acc = Accelerator(cpu=not torch.cuda.is_available(), step_scheduler_with_optimizer=False,
                       log_with=Tracker.log_with(cfg), kwargs_handlers=[ddp],
+                      fsdp_plugin=fsdp2_plugin(prec.mixed_precision),
                       **prec.accelerator_kwargs())
     n = acc.num_processes
     log.msg(f"fp8train: {cfg.source} -> {run_dir} ({n} process{'es' if n > 1 else ''}, "

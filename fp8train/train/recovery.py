@@ -4,7 +4,7 @@ checkpoint (the data that led here is not replayed). A second time before a new 
 passed, the run stops: it diverges."""
 from __future__ import annotations
 
-from ..checkpoint.manager import step_of
+from ..checkpoint.files import step_of
 from ..errors import RunFailed
 
 

@@ -10,7 +10,7 @@ tiny model in bf16 with --fp8_backend=torchao, once with the FP8 all-gather (the
 FSDP2) and once with fp8_fsdp_all_gather=false (the weights gathered in bf16, then cast to FP8
 by each layer). This file is also the driver those processes run: it wraps the all-gather that
 FSDP2 calls to count its bytes, and torchao's `fsdp_pre_all_gather` to see whether each weight
-shard's cast had a precomputed scale, then runs `fp8train.cli.main` (nothing of Accelerate is
+shard's cast had a precomputed scale, then runs `fp8train.train.cli.main` (nothing of Accelerate is
 mocked here: on CUDA it shards with FSDP2 itself).
 
 - Bytes: the two runs issue the same all-gathers; each Block's carries its converted weights at
@@ -160,7 +160,7 @@ def _drive(out_dir: str, argv: list) -> int:
     import torch.distributed as dist
     from torchao.float8.fsdp_utils import WeightWithDynamicFloat8CastTensor as Wrapped
 
-    from fp8train.cli import main
+    from fp8train.train.cli import main
     from fp8train.precision import ao
 
     seen = dict(gathers=[], precomputed=[])

@@ -50,7 +50,7 @@ def test_probe_then_train_within_the_budget(tmp_path, model):
     # the run trains at the one the rule picks (a smaller one only when over 3% faster).
     table = derived.get("batch_timings")
     if table:   # one candidate (a fit of 1) times nothing
-        from fp8train.batch.fit import Timing, fastest
+        from fp8train.batch.speed import Timing, fastest
         assert table == entry["speed"]["timings"]
         assert all(t["micro"] * t["accum"] == 256 and t["tokens_per_sec"] > 0 and
                    0 < t["peak_gb"] <= _budget_gb() for t in table), table
@@ -111,9 +111,9 @@ def test_choose_speed_under_compile_times_several_sizes_within_a_budget_below_on
     micro-steps and an optimizer step, a fraction of a second a size).
     At least two sizes are timed, each with its compile reported apart, and the one taken is
     within batch_speed_tolerance of the fastest."""
-    from fp8train.batch import fit as autobatch
+    from fp8train.batch.fit import choose_speed, make_trial
+    from fp8train.batch.speed import describe_speed, fastest
     from fp8train.config.load import Config
-    from fp8train.train.loss import lm_loss
     from fp8train.model import model_config_from
     from fp8train.train.optimizer import build_optimizer
     from fp8train.batch.decide import new_model
@@ -125,18 +125,18 @@ def test_choose_speed_under_compile_times_several_sizes_within_a_budget_below_on
                  auto_batch_size=True, target_effective_batch_size=16, max_batch_size=16,
                  batch_timing_budget_s=2.0, output_dir=str(tmp_path))
     mcfg = model_config_from("gpt2-124m", 256, cfg.seq_len, n_layer=4)
-    trial = autobatch.make_trial(
+    trial = make_trial(
         build_model=lambda: new_model(mcfg, False),
         build_precision=lambda: build_precision(cfg, device, warn=lambda _: None),
         build_optimizer=lambda m: build_optimizer(m, cfg),
-        loss_fn=lambda logits, x: lm_loss(logits, x, cfg.penalty_type, cfg.penalty_weight)[0],
+        loss_fn=lambda model, x: model(x, x)[0],   # the model's own loss, as the run's
         cfg=cfg, vocab_size=mcfg.vocab_size, device=device,
         autocast=lambda: autocast(cfg, device))
     said = []
-    speed = autobatch.choose_speed(cfg, trial, {"test": "compiled timing"}, 16, device, 1, True,
-                                   said.append)
+    speed = choose_speed(cfg, trial, {"test": "compiled timing"}, 16, device, 1, True,
+                         said.append)
     assert speed is not None, said
-    print("\n".join(said + autobatch.describe_speed(speed, cfg.batch_speed_tolerance)))
+    print("\n".join(said + describe_speed(speed, cfg.batch_speed_tolerance)))
     assert not speed.cached and speed.compiled
     assert speed.candidates == (16, 8, 4, 2, 1)
     timed = [t.micro for t in speed.timings]
@@ -149,4 +149,4 @@ def test_choose_speed_under_compile_times_several_sizes_within_a_budget_below_on
     best = max(t.tokens_per_sec for t in speed.timings)
     chosen = next(t for t in speed.timings if t.micro == speed.micro)
     assert chosen.tokens_per_sec * (1 + cfg.batch_speed_tolerance) >= best, speed.timings
-    assert speed.micro == autobatch.fastest(speed.timings, cfg.batch_speed_tolerance)
+    assert speed.micro == fastest(speed.timings, cfg.batch_speed_tolerance)

@@ -1,4 +1,5 @@
-"""Command-line entry: parse and validate the config (no torch import), then train.
+"""Command-line entry: parse and validate the config, check the paths it names (preflight.py; no
+torch import yet), then train.
 
 Exit codes (errors.py): 0 done, 2 bad config or input (one line on stderr), 3 stopped by a
 signal after a checkpoint, 1 anything else (a run that cannot go on says why in one line).
@@ -8,8 +9,9 @@ from __future__ import annotations
 import os
 import sys
 
-from .config.load import HelpRequested, help_text, load_config
-from .errors import EXIT_OK, BadInput, report, run_reported
+from ..config.load import HelpRequested, help_text, load_config
+from ..errors import EXIT_OK, BadInput, report, run_reported
+from . import preflight
 
 
 def _is_rank0() -> bool:
@@ -28,7 +30,7 @@ def main(argv: list[str] | None = None) -> int:
     try:
         if not argv:
             raise BadInput(NO_ARGUMENTS)
-        cfg = load_config(argv)
+        cfg = preflight.check(load_config(argv))
     except HelpRequested:
         print(help_text())
         return EXIT_OK
@@ -36,13 +38,13 @@ def main(argv: list[str] | None = None) -> int:
         return report(e, show=_is_rank0())
     # Must be set before torch initialises CUDA: fewer fragmentation OOMs on long runs.
     os.environ.setdefault("PYTORCH_CUDA_ALLOC_CONF", "expandable_segments:True")
-    from .batch.plan import memory_hint
-    from .train.signals import Stopped, StopRequests
+    from ..batch.plan import memory_hint
+    from .signals import Stopped, StopRequests
 
     # Stop signals are handled from here on, torch's import included (signals.py).
     with StopRequests(announce=_is_rank0()) as requests:
         try:
-            from .train.loop import train  # heavy imports only once the config is good
+            from .loop import train  # heavy imports only once the config is good
             return run_reported(lambda: train(cfg, requests), show=_is_rank0(),
                                 memory_hint=memory_hint(cfg))
         except Stopped as e:   # before the run's train.log was open
