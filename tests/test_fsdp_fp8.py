@@ -254,7 +254,7 @@ def _drive(out_dir: str, argv: list) -> int:
     from accelerate.utils import DistributedType, FullyShardedDataParallelPlugin
     from torchao.float8.fsdp_utils import WeightWithDynamicFloat8CastTensor as Wrapped
 
-    from fp8train import cli
+    from fp8train.train import cli
     from fp8train.precision import ao
 
     seen: dict = {}
