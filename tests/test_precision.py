@@ -186,7 +186,7 @@ def test_native_layer_state_follows_the_recipe_and_saturation_is_reported():
     assert state.scale[0, 0].item() == pytest.approx(448.0 / x.abs().max().item() / 2)
     assert state.scale[0, 2].item() == pytest.approx(57344.0 / 1.0 / 2)
     # An input 8x larger than the history saw saturates with margin 1; the watch reports it.
-    state.watching = True
+    state.watch(True)
     (layer(x * 8) * 0).sum().backward()
     stats = state.stats.collect()
     assert stats["fp8/layer/saturated_input"].item() > 0.1

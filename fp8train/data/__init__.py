@@ -1,6 +1,6 @@
 """Data: what `dataset` names, the tokens a run trains on, and the prepared-shard pipeline.
 
-- sources.py     what `dataset` names, decided while the config is validated (standard library
+- sources.py     what `dataset` names, decided by the preflight check (standard library
                  only): files that are not plain text refused with the command that prepares them
 - catalog.py     the known hub datasets and the local file kinds prepare reads (no imports)
 - hub.py         offline mode and whether the HuggingFace hub answers

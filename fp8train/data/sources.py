@@ -1,6 +1,6 @@
-"""What `dataset` names, decided while the config is validated (standard library only, so a bad
-path costs a second, not a torch import): a known name, a prepared directory (by path, or by
-name under data_dir), or a plain UTF-8 text file.
+"""What `dataset` names, decided by the preflight check before torch loads (standard library
+only, so a bad path costs a second, not a torch import): a known name, a prepared directory (by
+path, or by name under data_dir), or a plain UTF-8 text file.
 
 A file given directly is read as text and tokenized as it is, so anything that is not plain
 text (JSON lines, parquet, CSV, a compressed or binary file, a token shard) would be trained on

@@ -150,46 +150,54 @@ class LayerStats:
         return agg
 
 
-# A watched step's statistics: one row per layer, FWD_STATS + BWD_STATS and last RAN (1 once
-# the layer ran a training pass while watched), in the order LayerStats reports them.
+# A watched step's statistics: one row per layer, FWD_STATS + BWD_STATS, in the order LayerStats
+# reports them.
 FWD_STATS = ("fwd_scale_input", "fwd_scale_weight", "amax_input", "amax_weight",
              "saturated_input", "underflow_input", "saturated_weight", "underflow_weight")
 BWD_STATS = ("bwd_scale_grad_output", "amax_grad_output", "saturated_grad_output",
              "underflow_grad_output")
 N_FWD = len(FWD_STATS)
-RAN = N_FWD + len(BWD_STATS)
 
 
 def stats_row(device) -> torch.Tensor:
     """A layer's row of watched-step statistics (zeros: nothing recorded)."""
-    return torch.zeros(RAN + 1, device=device)
+    return torch.zeros(N_FWD + len(BWD_STATS), device=device)
 
 
 class WatchedStats(LayerStats):
-    """The statistics of a watched step, read from `tensors`: one row per layer (stats_row),
-    each a tensor of its own that its layer writes in place, forward and backward, in compiled
+    """The statistics of a watched step, read from `layers`: one row per layer (stats_row, the
+    layer's `fp8_stats`, read through the layer as moving the model replaces it), each a tensor
+    of its own that its layer writes in place, forward and backward, in compiled
     graphs too. One tensor per layer, not one shared buffer: DDP's compiled graphs are split at
     bucket boundaries, and a tensor written by several of them would be saved for backward by
     one and changed by the next (autograd's version check fails), or, functionalized per graph,
-    written back stale. A layer's RAN column, not a Python flag, says it ran: activation
-    checkpointing lets a compiled region change tensors, not Python objects."""
+    written back stale. `ran` (a Python flag, set outside any graph when the watch starts: a
+    Python store inside a checkpointed block would break the compiled graph) says the rows hold
+    this step's values."""
 
-    def __init__(self, names: list, tensors: list, per_layer: bool):
+    def __init__(self, names: list, layers: list, per_layer: bool):
         super().__init__(per_layer)
-        self.names, self.tensors = names, tensors
+        self.names, self.layers = names, layers
+        self.ran = False
+
+    def start(self) -> None:
+        """A watched step starts: the rows are zeroed and will hold its values."""
+        self.clear()
+        self.ran = True
+        for layer in self.layers:
+            layer.fp8_stats.zero_()
 
     def clear(self) -> None:
         super().clear()
-        for row in self.tensors:
-            row.zero_()
+        self.ran = False
 
     def collect(self) -> "OrderedDict[str, torch.Tensor]":
-        if self.tensors:
-            vals = torch.stack(self.tensors)        # a snapshot: the layers keep writing
-            for i, ran in enumerate(vals[:, RAN].tolist()):
-                if ran:
-                    row = self.rows.setdefault(self.names[i], {})
-                    row.update({k: vals[i, j] for j, k in enumerate(FWD_STATS + BWD_STATS)})
+        if self.ran and self.layers:
+            # a snapshot: the layers keep writing
+            vals = torch.stack([layer.fp8_stats for layer in self.layers])
+            for i, name in enumerate(self.names):
+                row = self.rows.setdefault(name, {})
+                row.update({k: vals[i, j] for j, k in enumerate(FWD_STATS + BWD_STATS)})
         return super().collect()
 
 
@@ -310,7 +318,8 @@ class Fp8Backend(Precision):
         return self.high_precision()
 
     def watch(self, on: bool) -> None:
-        self.recorder.watch(on)
+        # Switched off by a recovery: its layers compute in high precision, nothing to record.
+        self.recorder.watch(on and not self.disabled)
 
     def stats(self) -> "OrderedDict[str, torch.Tensor]":
         return self.recorder.stats.collect()

@@ -54,7 +54,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from ..ranks import rank_world
-from .base import N_FWD, RAN, Fp8Backend, WatchedStats, stats_row
+from .base import N_FWD, Fp8Backend, WatchedStats, stats_row
 from .layers import replace_module
 from .scaling import FORMATS, FP8_MAX, current_scale, quant_stats, quantize, update_delayed_scaling
 
@@ -113,8 +113,9 @@ class Fp8State(nn.Module):
         self.register_buffer("fp8_max", fmax.expand(n, 3).clone(), persistent=False)
         self.enabled = True       # False: the layers run as plain Linears (bf16 evaluation)
         self.watching = False
-        self.per_layer_stats = per_layer_stats
-        self.allocate(torch.device("cpu"))
+        # The converted layers (plain references, not submodules: they belong to the model).
+        self.layers: list = [None] * n
+        self.stats = WatchedStats(self.names, self.layers, per_layer_stats)
         # True once Native.after_prepare set up the weight cache: the layers then read their
         # FP8 weights from it (Fp8Linear.cast_weight fills it), instead of casting them.
         self.cache_weights = False
@@ -139,39 +140,32 @@ class Fp8State(nn.Module):
                 if prefix + name in missing_keys:
                     missing_keys.remove(prefix + name)
 
-    def allocate(self, device: torch.device) -> None:
-        """Each layer's own tensors, on `device` (where the model is, once converted): its
-        micro-batch amaxes (input, weight, grad_output) and its watched-step statistics, and
-        its position in the state (a tensor: see the module's docstring). Plain attributes,
-        not buffers: they are not state (moved with the module all the same: _apply)."""
-        n = len(self.names)
-        self.layer_amax = [torch.zeros(3, device=device) for _ in range(n)]
-        self.layer_stats = [stats_row(device) for _ in range(n)]
-        self.layer_pos = [torch.tensor([i], device=device) for i in range(n)]
-        self.stats = WatchedStats(self.names, self.layer_stats, self.per_layer_stats)
-
-    def _apply(self, fn, recurse=True):
-        """Moved (or converted) with the module, in place: the layers hold these tensors."""
-        super()._apply(fn, recurse)
-        for t in (*self.layer_amax, *self.layer_stats, *self.layer_pos):
-            t.data = fn(t)
-        return self
+    def attach(self, layer: "Fp8Linear", index: int) -> None:
+        """Give the layer at `index` its own tensors, as non-persistent buffers (moved with the
+        model, never checkpointed): its micro-batch amaxes (input, weight, grad_output), its
+        watched-step statistics and its position in the state (a tensor: see the module's
+        docstring). The state reads them through the layer, as a move replaces them."""
+        dev = layer.weight.device
+        layer.register_buffer("fp8_amax", torch.zeros(3, device=dev), persistent=False)
+        layer.register_buffer("fp8_stats", stats_row(dev), persistent=False)
+        layer.register_buffer("fp8_pos", torch.tensor([index], device=dev), persistent=False)
+        self.layers[index] = layer
 
     @torch.no_grad()
     def fold(self) -> None:
         """This micro-batch's amaxes, recorded by each layer, into the current history row (max,
         as a recomputed forward under activation checkpointing records the same value again);
         the layers' records start again from 0."""
-        if self.layer_amax:
+        if self.layers:
             row = self.amax_history[0]
-            torch.maximum(row, torch.stack(self.layer_amax), out=row)
-            for amax in self.layer_amax:
-                amax.zero_()
+            torch.maximum(row, torch.stack([layer.fp8_amax for layer in self.layers]), out=row)
+            for layer in self.layers:
+                layer.fp8_amax.zero_()
 
     def watch(self, on: bool) -> None:
         self.watching = on
         if on:
-            self.stats.clear()
+            self.stats.start()
 
     @torch.no_grad()
     def update(self) -> None:
@@ -230,7 +224,7 @@ class _Fp8Matmul(torch.autograd.Function):
             torch.maximum(row, _finite(a_g).reshape(1), out=row)
         if record and watching:
             sat, und = quant_stats(g2, s_g, bwd_dtype)
-            ctx.stats[N_FWD:RAN].copy_(torch.stack([s_g, a_g, sat, und]))
+            ctx.stats[N_FWD:].copy_(torch.stack([s_g, a_g, sat, und]))
         grad_x = fp8_mm(gq, s_g, w_cm, s_w, ctx.x_dtype, emulate, fast_accum=False)
         grad_w = fp8_mm(gq.t() if emulate else gq_t, s_g, x_cm, s_in, ctx.w_dtype, emulate,
                         fast_accum=False)
@@ -248,8 +242,7 @@ class Fp8Linear(nn.Linear):
         new.fp8_index, new.fp8_name = index, name
         # A plain attribute, not a submodule: the state is registered once, on the model root.
         object.__setattr__(new, "fp8_state", state)
-        new.fp8_amax, new.fp8_stats = state.layer_amax[index], state.layer_stats[index]
-        new.fp8_pos = state.layer_pos[index]
+        state.attach(new, index)
         new.fp8_weight = new.fp8_weight_t = new.fp8_weight_scale = new.fp8_weight_amax = None
         return new
 
@@ -318,7 +311,6 @@ class Fp8Linear(nn.Linear):
                     sat_w, und_w = quant_stats(self.weight, s_w, st.fwd_dtype)
                     self.fp8_stats[:N_FWD].copy_(torch.stack(
                         [s_in, s_w, a_in, a_w, sat_in, und_in, sat_w, und_w]))
-                    self.fp8_stats[RAN].fill_(1.0)
         meta = (record, st.watching, st.bwd_dtype, st.emulate, out_dtype, st.current)
         y = _Fp8Matmul.apply(x2, self.weight, xq, x_t, wq, w_t, s_in, s_w, s_g,
                              self.fp8_amax, self.fp8_stats, meta)

@@ -22,7 +22,7 @@ from typing import Callable, Optional
 import torch
 from torch import nn
 
-from .base import BWD_STATS, FWD_STATS, N_FWD, RAN, WatchedStats, stats_row
+from .base import BWD_STATS, FWD_STATS, N_FWD, WatchedStats, stats_row
 from .scaling import block_amax, quant_stats, quant_stats_blocks
 
 # scale_fn(module, kind, amax) -> the scale the backend applies to that tensor, where kind is
@@ -38,8 +38,7 @@ class ScaleProbe:
         self.scale_fn, self.dtypes, self.tiles = scale_fn, dtypes, tiles or {}
         for m in modules.values():   # a plain attribute: not state, never checkpointed
             m.fp8_stats = stats_row(_stats_device(m))
-        self.stats = WatchedStats(list(modules), [m.fp8_stats for m in modules.values()],
-                                  per_layer)
+        self.stats = WatchedStats(list(modules), list(modules.values()), per_layer)
         self.watching = False
         self.identity = _grad_output_probe(self)
         self.handles = [m.register_forward_hook(self._hook) for m in modules.values()]
@@ -76,8 +75,6 @@ class ScaleProbe:
         vals.update(self._measure(module, "weight", module.weight))
         row = module.fp8_stats
         self._store(row, FWD_STATS, vals, 0)
-        with torch.no_grad():
-            row[RAN].fill_(1.0)
         if isinstance(output, torch.Tensor) and output.requires_grad:
             return self.identity.apply(output, row, module)
         return None
@@ -89,7 +86,7 @@ class ScaleProbe:
     def watch(self, on: bool) -> None:
         self.watching = on
         if on:
-            self.stats.clear()
+            self.stats.start()
 
 
 def _stats_device(module: nn.Module) -> torch.device:

@@ -17,8 +17,8 @@ every rank.
     supervise     `python -m fp8train.sweep.supervise`: one agent trial, its stop and exit code
     cli           the argparse command line and main()
 
-Only the standard library, PyYAML and fp8train.config.load are imported at import time; wandb is
-imported where it is used, torch never. The errors are fp8train.errors' SweepError (exit 2) and
+Only the standard library, PyYAML, the config package and its preflight are imported at import
+time; wandb is imported where it is used, torch never. The errors are fp8train.errors' SweepError (exit 2) and
 ServerError (exit 1).
 """
 from ..errors import EXIT_BAD_INPUT, EXIT_FAILED, EXIT_OK, ServerError, SweepError

@@ -1,1 +1,19 @@
-"""train"""
+"""Training: from the command line to the last step. Nothing is imported here: importing one
+module loads only the modules it uses (torch is imported by build, loop and what they use, never
+by cli or preflight, so that a bad config comes back before torch loads).
+
+- cli.py         train_fp8.py's entry: the config, preflight, then `loop.train`; one-line errors
+                 and exit codes.
+- preflight.py   the checks of a loaded config that read the filesystem (dataset,
+                 batch_cache_dir, a resume path).
+- build.py       assembly: run directory, resume point, precision, Accelerator, data, batch
+                 plan, model and optimizer (restored on resume), config.yaml, W&B, the loop's
+                 components; returns one `Run`.
+- loop.py        `train()` and the `Trainer`: the step, and the components in order.
+- loss.py        cross-entropy and the optional logit penalties (the model returns it).
+- optimizer.py   AdamW, fused, decay on matrices only.
+- schedule.py    the learning rate: warmup, cosine, batch scaling.
+- health.py      non-finite steps and loss spikes, counted on the device.
+- recovery.py    rollback after a streak of non-finite steps, with the FP8 remedy.
+- signals.py     stop signals, and the stop every rank agrees on.
+"""
