@@ -1,41 +1,21 @@
-"""Shared test helpers. The corpus is the real tinyshakespeare: taken from FP8TRAIN_DATA_DIR,
-else from a shared data folder beside the checkout, else downloaded once by the project's own
-code into ./data."""
-import os
-import subprocess
+"""The fixtures every test folder shares; the helpers are in tests/support (support.runs).
+tests/ and the repository root are put on sys.path, so that tests import `support.*` and the
+checkout's fp8train."""
 import sys
 from pathlib import Path
 
 import pytest
 
-ROOT = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(ROOT))
+TESTS = Path(__file__).resolve().parent
+sys.path.insert(0, str(TESTS.parent))
+sys.path.insert(0, str(TESTS))
 
-
-def _find_data_dir() -> str:
-    for cand in (os.environ.get("FP8TRAIN_DATA_DIR"), ROOT.parent / "shared" / "data",
-                 ROOT / "data"):
-        if cand and (Path(cand) / "tinyshakespeare.txt").is_file():
-            return str(cand)
-    return str(ROOT / "data")  # the trainer downloads it here, or says where to put it
-
-
-DATA_DIR = _find_data_dir()
-UNIGRAM_ENTROPY_NATS = None  # filled lazily by byte_unigram_entropy()
+from support.runs import DATA_DIR, require_corpus  # noqa: E402
 
 
 @pytest.fixture(scope="session")
 def data_dir() -> str:
     return DATA_DIR
-
-
-def corpus_missing() -> "str | None":
-    """Why tinyshakespeare cannot be had without a download, or None."""
-    if (Path(DATA_DIR) / "tinyshakespeare.txt").is_file():
-        return None
-    return ("tinyshakespeare.txt not found (looked in $FP8TRAIN_DATA_DIR, the shared data folder "
-            "beside the checkout and ./data); the GPU tests never download it: put the file in "
-            "one of those folders")
 
 
 @pytest.fixture(scope="session")
@@ -44,35 +24,3 @@ def gpu_corpus() -> str:
     saying where it looked. On a GPU machine a skip reads as a pass. Session-scoped, so that it
     runs before any module fixture that would train on the missing file."""
     return require_corpus()
-
-
-def require_corpus() -> str:
-    """The data folder; fails the test (no traceback) when the corpus is not in it."""
-    why = corpus_missing()
-    if why:
-        pytest.fail(why, pytrace=False)
-    return DATA_DIR
-
-
-def run_train(*args, env=None, timeout=600) -> subprocess.CompletedProcess:
-    """`python train_fp8.py ARGS` in a real subprocess, from the repository root."""
-    full_env = dict(os.environ, FP8TRAIN_DATA_DIR=DATA_DIR, PYTHONUNBUFFERED="1")
-    full_env.update(env or {})
-    return subprocess.run([sys.executable, entry_script(full_env), *map(str, args)], cwd=ROOT,
-                          env=full_env, capture_output=True, text=True, timeout=timeout)
-
-
-def entry_script(env) -> str:
-    """train_fp8.py, or with FP8TRAIN_FAULTS set its fault-injecting twin (tests/faults.py)."""
-    return "tests/train_with_faults.py" if env.get("FP8TRAIN_FAULTS") else "train_fp8.py"
-
-
-def tiny_args(output_dir, **overrides):
-    """A seconds-long run: the demo config shrunk further, in fp32 unless FP8 is asked for
-    (use_fp8=true) so that tests of the loop itself compare exact numbers."""
-    kw = dict(config="configs/test_fp8.yaml", output_dir=output_dir, use_fp8="false",
-              n_layer=2, seq_len=64,
-              batch_size=8, gradient_accumulation_steps=2, warmup_steps=3, max_steps=12,
-              log_interval=4, eval_interval=6, checkpoint_interval=6, eval_sequences=32)
-    kw.update(overrides)
-    return [f"--{k}={v}" for k, v in kw.items()]

@@ -39,9 +39,9 @@ def token_loss_sums(model, batches, device, context=contextlib.nullcontext, rank
 def whole_split_batches(tokens, seq_len: int, micro: int):
     """Every non-overlapping window of the split (all but its last partial one), in batches of
     `micro`: the loss of the whole split, not of a sample."""
-    from ..data.windows import inputs_and_targets as _windows
+    from ..data.windows import inputs_and_targets
     starts = np.arange(0, len(tokens) - seq_len - 1, seq_len, dtype=np.int64)
-    return _LazyBatches(tokens, starts, seq_len, micro, _windows)
+    return _LazyBatches(tokens, starts, seq_len, micro, inputs_and_targets)
 
 
 class _LazyBatches:

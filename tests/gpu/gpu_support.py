@@ -16,8 +16,8 @@ from pathlib import Path
 
 import pytest
 import torch
-
-from conftest import DATA_DIR, run_train as _run_train
+from support.runs import DATA_DIR
+from support.runs import run_train as _run_train
 
 CUDA = torch.cuda.is_available()
 GPUS = torch.cuda.device_count() if CUDA else 0
@@ -57,8 +57,8 @@ def backend_skip(backend: str) -> None:
         pytest.skip(f"{module} is not installed: the {backend} backend cannot be tested")
 
 
-# The corpus is never downloaded here, and a test that cannot find it fails (tests/conftest.py's
-# gpu_corpus fixture, which says where it looked): on a GPU box a skip reads as a pass. On a
+# The corpus is never downloaded here, and a test that cannot find it fails (the gpu_corpus
+# fixture of tests/conftest.py, which says where it looked): on a GPU box a skip reads as a pass. On a
 # machine without CUDA, needs_cuda skips first.
 needs_corpus = pytest.mark.usefixtures("gpu_corpus")
 
@@ -67,7 +67,7 @@ OFFLINE_ENV = {"FP8TRAIN_OFFLINE": "1", "HF_HUB_OFFLINE": "1", "HF_DATASETS_OFFL
 
 
 def run_train(*args, env=None, timeout=900):
-    """`python train_fp8.py ARGS` (tests/conftest.py's run_train) with every download disabled:
+    """`python train_fp8.py ARGS` (tests/support/runs.py's run_train) with every download disabled:
     a missing file is an error, never a network access."""
     return _run_train(*args, env={**OFFLINE_ENV, **(env or {})}, timeout=timeout)
 

@@ -32,13 +32,12 @@ import sys
 import pytest
 import yaml
 
-if __name__ == "__main__":   # run by the launcher as a script: tests/conftest.py is one level up
+if __name__ == "__main__":   # run by the launcher as a script: tests/ (support/) is one level up
     sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-from conftest import ROOT, tiny_args  # noqa: E402
-
 from gpu_support import (free_port, needs_corpus, needs_cuda, needs_fp8,  # noqa: E402
                          needs_torchao, needs_two_gpus, offline_environ, run_train, train_rows,
                          val_rows)
+from support.runs import ROOT, tiny_args  # noqa: E402
 
 pytestmark = [pytest.mark.gpu, pytest.mark.slow, needs_cuda, needs_corpus, needs_fp8,
               needs_torchao]
@@ -160,8 +159,8 @@ def _drive(out_dir: str, argv: list) -> int:
     import torch.distributed as dist
     from torchao.float8.fsdp_utils import WeightWithDynamicFloat8CastTensor as Wrapped
 
-    from fp8train.train.cli import main
     from fp8train.precision import ao
+    from fp8train.train.cli import main
 
     seen = dict(gathers=[], precomputed=[])
 

@@ -13,7 +13,6 @@ import json
 import pytest
 import torch
 import yaml
-
 from gpu_support import needs_corpus, needs_cuda, run_train, train_rows
 
 pytestmark = [pytest.mark.gpu, needs_cuda]
@@ -111,14 +110,14 @@ def test_choose_speed_under_compile_times_several_sizes_within_a_budget_below_on
     micro-steps and an optimizer step, a fraction of a second a size).
     At least two sizes are timed, each with its compile reported apart, and the one taken is
     within batch_speed_tolerance of the fastest."""
+    from fp8train.batch.decide import new_model
     from fp8train.batch.fit import choose_speed, make_trial
     from fp8train.batch.speed import describe_speed, fastest
     from fp8train.config.load import Config
-    from fp8train.model import model_config_from
-    from fp8train.train.optimizer import build_optimizer
-    from fp8train.batch.decide import new_model
-    from fp8train.precision import build_precision
     from fp8train.evaluate.trained import autocast
+    from fp8train.model import model_config_from
+    from fp8train.precision import build_precision
+    from fp8train.train.optimizer import build_optimizer
 
     device = torch.device("cuda", 0)
     cfg = Config(model="gpt2-124m", n_layer=4, seq_len=512, compile=True, use_fp8=False,

@@ -15,10 +15,8 @@ import math
 import pytest
 import torch
 import yaml
-
-from conftest import tiny_args
-from gpu_support import (backend_skip, needs_corpus, needs_cuda, needs_fp8, run_train,
-                         train_rows)
+from gpu_support import backend_skip, needs_corpus, needs_cuda, needs_fp8, run_train, train_rows
+from support.runs import tiny_args
 
 pytestmark = [pytest.mark.gpu, needs_cuda]
 
@@ -126,8 +124,7 @@ def test_fp8_backend_trains_under_compile(fp8_run, backend):
 def test_cuda_timer_times_both_variants_of_a_shape(backend):
     backend_skip(backend)
     from fp8train.config.load import Config
-    from fp8train.precision import build_precision
-    from fp8train.precision import policy
+    from fp8train.precision import build_precision, policy
     dev = torch.device("cuda")
     prec = build_precision(Config(use_fp8=True, fp8_backend=backend, fp8_fallback="error"), dev,
                            warn=pytest.fail)

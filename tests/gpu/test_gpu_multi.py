@@ -6,7 +6,7 @@
   both ranks must end with bit-identical scales and amax histories in every TE layer. Then the
   run is resumed on 2 ranks and the same holds. This file is also the driver those processes
   run (`python -m torch.distributed.run --nproc_per_node 2 tests/gpu/test_gpu_multi.py OUT
-  ARGS...`, as tests/test_ddp.py does on CPU): it wraps `Accelerator.prepare` to see the model
+  ARGS...`, as tests/e2e/test_ddp.py does on CPU): it wraps `Accelerator.prepare` to see the model
   and each TE layer's inputs, runs `fp8train.train.cli.main`, then saves what each rank holds (rank 0
   alone writes checkpoints, so they cannot show that the ranks agree).
 - TE in the batch probe: ranks whose trials differ (different memory budgets) must not meet in
@@ -21,13 +21,12 @@ import sys
 
 import pytest
 
-if __name__ == "__main__":   # run by torchrun as a script: tests/conftest.py is one level up
+if __name__ == "__main__":   # run by torchrun as a script: tests/ (support/) is one level up
     sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-from conftest import ROOT, tiny_args  # noqa: E402
-
 from gpu_support import (free_port, needs_corpus, needs_cuda, needs_fp8, needs_te,  # noqa: E402
                          needs_two_gpus, offline_environ, train_rows, val_rows)
-from train_with_budgets import ENV as RANK_BUDGETS  # noqa: E402
+from support.runs import ROOT, tiny_args  # noqa: E402
+from support.train_with_budgets import ENV as RANK_BUDGETS  # noqa: E402
 
 pytestmark = [pytest.mark.gpu, pytest.mark.slow, needs_cuda, needs_two_gpus, needs_corpus]
 
@@ -93,7 +92,7 @@ def test_te_ranks_reduce_amax_and_end_with_identical_scales(tmp_path):
 @needs_two_gpus
 def test_te_probe_on_ranks_with_different_budgets_ends_without_a_hang(tmp_path):
     """The batch probe with --fp8_backend=te on 2 ranks whose budgets differ
-    (tests/train_with_budgets.py: rank 0 ~1 TB, rank 1 ~1 KB, so rank 1 stops after one trial
+    (tests/support/train_with_budgets.py: rank 0 ~1 TB, rank 1 ~1 KB, so rank 1 stops after one trial
     and rank 0 runs four). The trials must not all-reduce TE's amaxes (Precision.for_trials):
     otherwise rank 0's second trial waits in an all-reduce that rank 1, already in the probe's
     all-gather, never joins. Expected: both ranks agree that micro-batch 1 does not fit on rank
@@ -107,7 +106,7 @@ def test_te_probe_on_ranks_with_different_budgets_ends_without_a_hang(tmp_path):
                      n_layer=2, max_steps=4, eval_samples=0)
     env = dict(offline_environ(), **{RANK_BUDGETS: "1000,0.000001"})
     proc = subprocess.Popen([sys.executable, "-m", "torch.distributed.run", "--standalone",
-                             "--nproc_per_node", str(WORLD), "tests/train_with_budgets.py",
+                             "--nproc_per_node", str(WORLD), "tests/support/train_with_budgets.py",
                              *args],
                             cwd=ROOT, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
                             text=True, start_new_session=True)

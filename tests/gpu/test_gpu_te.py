@@ -21,10 +21,9 @@ import math
 
 import pytest
 import torch
-
-from conftest import tiny_args
 from gpu_support import (needs_corpus, needs_cuda, needs_fp8, needs_te, run_train, te_extra_states,
                          te_state_manager, train_rows, val_rows)
+from support.runs import tiny_args
 
 pytestmark = [pytest.mark.gpu, needs_cuda, needs_fp8, needs_te]
 

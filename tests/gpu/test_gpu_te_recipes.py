@@ -19,10 +19,9 @@ import math
 import pytest
 import torch
 import yaml
-
-from conftest import tiny_args
-from gpu_support import (needs_corpus, needs_cuda, needs_fp8, needs_te, run_train,
-                         te_extra_states, train_rows, val_rows)
+from gpu_support import (needs_corpus, needs_cuda, needs_fp8, needs_te, run_train, te_extra_states,
+                         train_rows, val_rows)
+from support.runs import tiny_args
 
 pytestmark = [pytest.mark.gpu, needs_cuda, needs_fp8, needs_te]
 

@@ -6,9 +6,8 @@ import os
 import pytest
 import torch
 import yaml
-
-from conftest import tiny_args
 from gpu_support import needs_corpus, needs_cuda, run_train
+from support.runs import tiny_args
 
 pytestmark = [pytest.mark.gpu, needs_cuda, needs_corpus]
 
@@ -99,7 +98,7 @@ def test_a_background_checkpoint_on_gpu_overlaps_training_without_stalling_it(tm
     never held up for long by the writer (safetensors 0.8+ and torch.save's storage writes
     release the GIL: fp8train/checkpoint/write_stall.py); the stall is measured in the process itself
     (`checkpoint/stall_max_s`). Bound: 0.25 s, as in the CPU test
-    (tests/test_checkpoint_stall.py); a writer holding the GIL stops training for seconds."""
+    (tests/e2e/test_checkpoint_stall.py); a writer holding the GIL stops training for seconds."""
     import safetensors
 
     from fp8train.checkpoint.write_stall import safetensors_holds_gil
