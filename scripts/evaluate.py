@@ -4,11 +4,14 @@
     python scripts/evaluate.py runs/demo                   # newest good checkpoint, the run's eval
     python scripts/evaluate.py runs/demo/checkpoints/step_0000400 --whole --split val
     python scripts/evaluate.py runs/demo --data_dir /data --json
+    python scripts/evaluate.py runs/gpt2 --hellaswag data/hellaswag_val.jsonl
 
 By default the same eval_sequences windows in the same micro-batches and precision as the run's
 eval: on the same kind of machine the number equals the val/loss metrics.jsonl logged at that
 step (printed beside it when the run directory has it). --whole evaluates every window of the
-split instead. Exit 0: evaluated; 2: bad input (checkpoint, data, options).
+split instead. --hellaswag scores HellaSwag instead (val/hellaswag_acc: the ending with the lowest
+mean loss per token, as llm.c does), from a local hellaswag_val.jsonl or, given no path, from
+the hub. Exit 0: evaluated; 2: bad input (checkpoint, data, options).
 """
 import argparse
 import json
@@ -28,20 +31,32 @@ def main(argv=None) -> int:
     p.add_argument("--data_dir", help="where the run's dataset is now (default: the run's)")
     p.add_argument("--dataset", help="evaluate on another dataset with the same tokenizer")
     p.add_argument("--device", default="auto", help="auto (a GPU when there is one), cpu, cuda")
+    p.add_argument("--hellaswag", nargs="?", const="hub", metavar="PATH",
+                   help="HellaSwag accuracy instead of the loss: the validation jsonl at PATH, "
+                        "or without one the hub's Rowan/hellaswag")
+    p.add_argument("--hellaswag_examples", type=int, help="score the first N examples only")
     p.add_argument("--json", action="store_true", help="print the result as one JSON object")
     a = p.parse_args(argv)
 
     from fp8train.errors import BadInput, run_reported
 
     def body():
-        for key in ("eval_sequences", "batch_size"):
+        for key in ("eval_sequences", "batch_size", "hellaswag_examples"):
             if getattr(a, key) is not None and getattr(a, key) < 1:
                 raise BadInput(f"--{key} must be at least 1")
-        from fp8train.evaluate.evaluation import evaluate
         quiet = (lambda m: print(m, file=sys.stderr)) if a.json else print
+        warn = lambda m: print(f"warning: {m}", file=sys.stderr)  # noqa: E731
+        if a.hellaswag:
+            from fp8train.evaluate.hellaswag import evaluate_checkpoint
+            r = evaluate_checkpoint(a.checkpoint, None if a.hellaswag == "hub" else a.hellaswag,
+                                    a.hellaswag_examples, a.device, log=quiet, warn=warn)
+            print(json.dumps(r) if a.json else
+                  f"val/hellaswag_acc {r['val/hellaswag_acc']:.4f} over {r['examples']:,} "
+                  f"examples ({r['seconds']:.1f} s)")
+            return 0
+        from fp8train.evaluate.evaluation import evaluate
         r = evaluate(a.checkpoint, a.split, a.eval_sequences, a.whole, a.batch_size, a.data_dir,
-                     a.dataset, a.device, log=quiet,
-                     warn=lambda m: print(f"warning: {m}", file=sys.stderr))
+                     a.dataset, a.device, log=quiet, warn=warn)
         if a.json:
             print(json.dumps(r))
             return 0

@@ -62,7 +62,7 @@ def saved_micro_batch(checkpoint: str, world: int) -> Optional[int]:
 
 def warn_schedule_change(checkpoint: str, lr_args: dict, step: int,
                          warn: Callable[[str], None]) -> None:
-    """The cosine follows the run's length (unless lr_decay_steps is set), and the run's length
+    """The schedule follows the run's length (unless lr_decay_steps is set), and the run's length
     may change on resume: say so, with the jump in LR it causes, rather than let it pass.
     `lr_args`: this run's lr_at arguments."""
     saved = saved_derived(checkpoint)
@@ -75,7 +75,7 @@ def warn_schedule_change(checkpoint: str, lr_args: dict, step: int,
                              warmup_steps=saved.get("warmup_steps", lr_args["warmup_steps"])))
     new = lr_at(step, **lr_args)
     warn(f"the LR schedule is now {now:,} steps long, the checkpoint's run had {before:,} (the "
-         f"cosine follows the run's length, which changed): the LR at step {step + 1:,} is "
+         f"schedule follows the run's length, which changed): the LR at step {step + 1:,} is "
          f"{new:.3g} instead of {old:.3g}; set lr_decay_steps to keep a schedule fixed across "
          f"changes of length")
 

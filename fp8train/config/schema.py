@@ -131,9 +131,29 @@ class Config:
     reprobe: bool = _key(False, "ignore the cached micro-batch (and fp8_layers auto timings) "
                          "and measure again", "batch", resume="free")
     # --- optimizer ------------------------------------------------------------------------------
-    learning_rate: float = _key(6e-4, "peak learning rate (after warmup)", "optimizer", gt=0.0)
-    min_lr_ratio: float = _key(0.1, "final LR as a fraction of learning_rate (cosine decay)",
-                               "optimizer", min=0.0, max=1.0)
+    optimizer: str = _key(
+        "adamw", "adamw | muon (Muon for the matrices inside the blocks, AdamW for embeddings, "
+        "head, norms and biases; not under FSDP)", "optimizer", choices=("adamw", "muon"))
+    learning_rate: float = _key(6e-4, "peak learning rate (after warmup); with optimizer: muon, "
+                                "AdamW's (embeddings, head, norms, biases)", "optimizer", gt=0.0)
+    muon_lr: float = _key(0.02, "muon: peak learning rate of the hidden matrices (follows the "
+                          "same schedule)", "optimizer", gt=0.0)
+    muon_momentum: float = _key(0.95, "muon: Nesterov momentum", "optimizer", min=0.0,
+                                max=0.9999)
+    muon_weight_decay: float = _key(0.0, "muon: decoupled weight decay of the hidden matrices "
+                                    "(x muon_lr per step)", "optimizer", min=0.0)
+    min_lr_ratio: float = _key(0.1, "final LR as a fraction of learning_rate (reached at the "
+                               "last step of the schedule)", "optimizer", min=0.0, max=1.0)
+    lr_schedule: str = _key(
+        "cosine", "LR after warmup: cosine (half cosine to the end) | wsd (warmup-stable-decay: "
+        "the peak held, then lr_decay_fraction decaying) | linear (straight to the end)",
+        "optimizer", choices=("cosine", "wsd", "linear"))
+    lr_decay_fraction: float = _key(
+        0.2, "wsd: the last fraction of the steps after warmup that decay to min_lr_ratio",
+        "optimizer", gt=0.0, max=1.0)
+    lr_decay_shape: str = _key(
+        "linear", "wsd: the decay's shape: linear | 1-sqrt | cosine", "optimizer",
+        choices=("linear", "1-sqrt", "cosine"))
     warmup_steps: int = _key(
         2000, "linear warmup steps; one not shorter than the LR schedule is shortened to 10% of "
         "it, with a warning (refused when set in the same place as max_steps or lr_decay_steps, "
@@ -229,6 +249,15 @@ class Config:
                                "eval", min=1, resume="free")
     eval_samples: int = _key(2, "text samples generated at each evaluation (samples.jsonl, "
                              "W&B table; 0 = off)", "eval", min=0, max=16, resume="free")
+    hellaswag_interval: int = _key(
+        0, "HellaSwag accuracy (val/hellaswag_acc) at the evaluations whose step is a multiple "
+        "of this, and at the last (0 = off)", "eval", min=0, resume="free")
+    hellaswag_path: Optional[str] = _key(
+        None, "HellaSwag's validation jsonl (hellaswag_val.jsonl); default the hub's "
+        "Rowan/hellaswag through datasets", "eval", resume="free")
+    hellaswag_examples: Optional[int] = _key(
+        None, "HellaSwag examples to score (the first N); default all 10,042", "eval", min=1,
+        resume="free")
     sample_tokens: int = _key(64, "tokens generated per sample", "eval", min=1, max=1024,
                               resume="free")
     # --- checkpoint -----------------------------------------------------------------------------

@@ -12,11 +12,12 @@ from .evaluation import token_loss_sums
 
 
 class Evaluator:
-    def __init__(self, ev, eval_set, accelerator, prec, log, samples=None):
-        """`ev`: the config's eval section; `samples`: a samples.TextSampler, or None (no text)."""
+    def __init__(self, ev, eval_set, accelerator, prec, log, samples=None, hellaswag=None):
+        """`ev`: the config's eval section; `samples`: a samples.TextSampler, or None (no text);
+        `hellaswag`: a hellaswag.HellaSwag, or None (off)."""
         self.ev, self.eval_set, self.acc, self.prec, self.log = ev, eval_set, accelerator, \
             prec, log
-        self.samples = samples
+        self.samples, self.hellaswag = samples, hellaswag
         self.final = None      # (step, val/loss) of the latest evaluation
 
     def due(self, step: int, last: bool, stopping: bool) -> bool:
@@ -30,7 +31,8 @@ class Evaluator:
             st.target == self.ev.target_val_loss and st.target_step is not None
 
     @torch.no_grad()
-    def run(self, model, st, train_seconds: float, wall, stopper=None) -> "bool | None":
+    def run(self, model, st, train_seconds: float, wall, stopper=None,
+            last: bool = False) -> "bool | None":
         """Evaluate and log; True when this evaluation reached target_val_loss for the first
         time (`train_seconds`: the training time so far, for val/time_to_target_s; `wall()`:
         the run's wall time, read once the evaluation is done). With `stopper` (a
@@ -52,6 +54,8 @@ class Evaluator:
         row = {"step": st.step, "tokens": st.tokens, "val/loss": val_loss,
                "val/ppl": math.exp(min(val_loss, 50.0)), "time/train_s": train_seconds,
                "time/wall_s": wall()}
+        if self.hellaswag is not None and self.hellaswag.due(st.step, last):
+            row["val/hellaswag_acc"] = self.hellaswag.accuracy(model)
         self.final = (st.step, val_loss)
         if st.best_val_loss is None or val_loss < st.best_val_loss:
             st.best_val_loss, st.best_val_step = val_loss, st.step
@@ -59,8 +63,10 @@ class Evaluator:
         if reached:   # in the same row: one evaluation, one row
             row.update({"val/time_to_target_s": train_seconds, "val/tokens_to_target": st.tokens})
         self.log.log(row)
+        hella = f", val/hellaswag_acc {row['val/hellaswag_acc']:.4f}" \
+            if "val/hellaswag_acc" in row else ""
         self.log.msg(f"eval step {st.step:,}: val/loss {val_loss:.4f}, "
-                     f"val/ppl {row['val/ppl']:.2f}")
+                     f"val/ppl {row['val/ppl']:.2f}{hella}")
         if reached:
             self.log.msg(f"target val/loss {self.ev.target_val_loss:g} reached at step "
                          f"{st.step:,}: val/loss {val_loss:.4f} after {hms(train_seconds)} of "

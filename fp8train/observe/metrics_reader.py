@@ -109,6 +109,10 @@ def lr_schedule(config: dict):
     if not all(isinstance(v, (int, float)) and not isinstance(v, bool) for v in kw.values()) \
             or kw["total_steps"] < 1 or kw["warmup_steps"] < 0:
         return None
+    # Runs from before lr_schedule followed the cosine.
+    kw.update(schedule=config.get("lr_schedule", "cosine"),
+              decay_fraction=config.get("lr_decay_fraction", 0.2),
+              decay_shape=config.get("lr_decay_shape", "linear"))
     total = int(kw["total_steps"])
     stride = max(1, total // 20000)   # a long run's curve needs no more points than pixels
     steps = sorted(set(range(0, total + 1, stride)) | {total} |

@@ -9,7 +9,7 @@ import os
 import re
 
 from ..errors import EXIT_OK, BadInput
-from ..train.schedule import lr_at
+from ..train.schedule import describe, lr_at, wsd_decay_steps
 from .metrics_reader import load_rows, lr_schedule, read_run_config, resume_steps
 
 LAYER_SCALE = re.compile(r"^fp8/(.+)/((?:fwd|bwd)_scale_\w+)$")
@@ -248,16 +248,22 @@ def plot_run(run_dir: str, out: "str | None" = None, layers: bool = False,
 # --- the LR schedule -------------------------------------------------------------------------
 
 def lr_schedule_plot(warmup_steps: int, total_steps: int, max_lr: float, min_lr_ratio: float,
-                     output: str) -> int:
+                     output: str, schedule: str = "cosine", decay_fraction: float = 0.2,
+                     decay_shape: str = "linear") -> int:
     """The trainer's LR schedule (scripts/visualize_lr_schedule.py): a few sampled values
     printed, then the curve written to the PNG `output`; BadInput when it cannot be written."""
     kw = dict(max_lr=max_lr, warmup_steps=warmup_steps, total_steps=total_steps,
-              min_lr_ratio=min_lr_ratio)
+              min_lr_ratio=min_lr_ratio, schedule=schedule, decay_fraction=decay_fraction,
+              decay_shape=decay_shape)
     steps = list(range(total_steps))
     lrs = [lr_at(s, **kw) for s in steps]
 
-    samples = sorted({0, warmup_steps // 2, max(warmup_steps - 1, 0),
-                      (warmup_steps + total_steps - 1) // 2, total_steps - 1})
+    samples = {0, warmup_steps // 2, max(warmup_steps - 1, 0),
+               (warmup_steps + total_steps - 1) // 2, total_steps - 1}
+    if schedule == "wsd":   # the last step at the peak and the decay's middle
+        start = total_steps - wsd_decay_steps(warmup_steps, total_steps, decay_fraction)
+        samples |= {max(start - 1, 0), (start + total_steps - 1) // 2}
+    samples = sorted(samples)
     print(f"{'step':>10}  lr")
     for s in samples:
         print(f"{s:>10}  {lrs[s]:.6g}")
@@ -268,7 +274,8 @@ def lr_schedule_plot(warmup_steps: int, total_steps: int, max_lr: float, min_lr_
     ax.axvline(warmup_steps, color="gray", linestyle=":", label="end of warmup")
     ax.set_xlabel("optimizer step")
     ax.set_ylabel("learning rate")
-    ax.set_title(f"warmup {warmup_steps}, cosine to {min_lr_ratio:g} × {max_lr:g} "
+    ax.set_title(f"warmup {warmup_steps}, "
+                 f"{describe(schedule, min_lr_ratio, max_lr, decay_fraction, decay_shape)} "
                  f"at step {total_steps - 1}")
     ax.legend()
     ax.grid(alpha=0.3)

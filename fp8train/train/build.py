@@ -25,10 +25,12 @@ from ..checkpoint.saved_config import config_hash, saved_derived
 from ..checkpoint.train_state import TrainState
 from ..config.load import Config, dump_yaml, section, to_dict
 from ..data.loader import load_splits
+from ..data.tokenizers import build_tokenizer
 from ..data.windows import BatchStream, RandomWindows, check_batch_fits, val_batches
 from ..errors import BadInput
 from ..evaluate.evaluator import Evaluator
 from ..evaluate.evaluator import missed as missed_eval
+from ..evaluate.hellaswag import HellaSwag
 from ..evaluate.samples import TextSampler
 from ..model import compiled, model_config_from
 from ..observe.logger import Logger
@@ -37,8 +39,9 @@ from ..observe.profiling import StepProfiler
 from ..observe.tracking import Tracker, environment, sweep_run_id
 from ..precision import Precision, build_precision
 from .health import Health
-from .optimizer import build_optimizer
+from .optimizer import build_optimizer, muon_flops_per_step
 from .recovery import Recovery
+from .schedule import describe as describe_schedule
 from .schedule import scaled_lr
 from .signals import Stopper, StopRequests
 
@@ -287,6 +290,10 @@ def _accelerator(cfg: Config, state, run_dir: str, log: Logger):
                       log_with=Tracker.log_with(cfg), kwargs_handlers=[ddp],
                       fsdp_plugin=fsdp2_plugin(prec.mixed_precision),
                       **prec.accelerator_kwargs())
+    if cfg.optimizer == "muon" and acc.distributed_type == "FSDP":
+        raise BadInput(f"{cfg.source}: key 'optimizer': muon orthogonalises whole matrices, "
+                       "which FSDP shards: launch with DDP (accelerate_configs/8xh100.yaml) "
+                       "or use optimizer: adamw")
     n = acc.num_processes
     log.msg(f"fp8train: {cfg.source} -> {run_dir} ({n} process{'es' if n > 1 else ''}, "
             f"{device_name(acc.device)}, {prec.name})")
@@ -315,11 +322,13 @@ def _feed(cfg: Config, plan: BatchPlan, train_tokens: int, windows, acc, log: Lo
         log.msg(lr_note)
     if sched.warmup_note:
         log.warn(sched.warmup_note)
-    log.msg(f"schedule: {sched.total_steps:,} steps ({sched.steps_per_epoch:,} per epoch), "
-            f"warmup {sched.warmup_steps}, cosine to {cfg.min_lr_ratio:g} × "
-            f"{max_lr:g} at step {sched.lr_steps:,}")
     lr_args = dict(max_lr=max_lr, warmup_steps=sched.warmup_steps, total_steps=sched.lr_steps,
-                   min_lr_ratio=cfg.min_lr_ratio)
+                   min_lr_ratio=cfg.min_lr_ratio, schedule=cfg.lr_schedule,
+                   decay_fraction=cfg.lr_decay_fraction, decay_shape=cfg.lr_decay_shape)
+    after = describe_schedule(cfg.lr_schedule, cfg.min_lr_ratio, max_lr, cfg.lr_decay_fraction,
+                              cfg.lr_decay_shape)
+    log.msg(f"schedule: {sched.total_steps:,} steps ({sched.steps_per_epoch:,} per epoch), "
+            f"warmup {sched.warmup_steps}, {after} at step {sched.lr_steps:,}")
     return Feed(windows, plan, sched, lr_args, cfg.seq_len, acc.process_index, acc.device,
                 cfg.data_prefetch)
 
@@ -329,6 +338,8 @@ def _net(cfg: Config, mcfg, prec: Precision, acc, batch: BatchDecision, checkpoi
     """The model (FP8 layers converted, prepared, compiled) and its optimizer."""
     model = new_model(mcfg, batch.activation_checkpointing)
     n_params, flops_per_token = model.num_params(), model.flops_per_token()
+    if cfg.optimizer == "muon":   # MFU counts the orthogonalisations too, per token of a step
+        flops_per_token += muon_flops_per_step(model) / (batch.plan.effective * cfg.seq_len)
     log.msg(f"model: {cfg.model} ({mcfg.arch}, {mcfg.n_layer} layers, d={mcfg.n_embd}, "
             f"{mcfg.n_head} heads), {n_params / 1e6:.2f}M parameters "
             f"({model.num_params(exclude_embeddings=True) / 1e6:.2f}M non-embedding), "
@@ -405,4 +416,6 @@ def _evaluator(cfg: Config, acc, prec: Precision, val_tokens, micro: int, mcfg,
     eval_set = val_batches(val_tokens, cfg.seq_len, ev.eval_sequences, micro, log.warn)
     samples = TextSampler(ev, cfg.tokenizer, cfg.seed, mcfg, prec, acc, log.warn) \
         if ev.eval_samples and cfg.dataset != "synthetic" else None  # no text to show
-    return Evaluator(ev, eval_set, acc, prec, log, samples)
+    hellaswag = HellaSwag(ev, build_tokenizer(cfg.tokenizer), mcfg, prec, acc) \
+        if ev.hellaswag_interval else None
+    return Evaluator(ev, eval_set, acc, prec, log, samples, hellaswag)

@@ -163,7 +163,7 @@ class Trainer:
         net, st, plan = self.net, self.st, self.feed.plan
         lr = lr_at(st.step, **self.feed.lr_args)
         for group in net.optimizer.param_groups:
-            group["lr"] = lr
+            group["lr"] = lr * group.get("lr_scale", 1.0)   # Muon's matrices: muon_lr's share
         if watched:
             net.prec.watch(True)  # scale statistics on logged steps only
         step_ce = step_penalty = 0.0
@@ -243,7 +243,7 @@ class Trainer:
         p.meter.pause()
         if do_eval:
             reached = p.evaluator.run(self.net.model, st, st.train_seconds + p.meter.banked(),
-                                      p.wall, p.stopper)
+                                      p.wall, p.stopper, last=last)
             if reached is None:    # abandoned: every rank agreed on a stop signal
                 self.note_signal()
                 self.log.msg(f"evaluation at step {st.step:,} abandoned: {p.stopper.reason}; "

@@ -1,17 +1,127 @@
-"""The optimizer."""
+"""The optimizer: AdamW (`optimizer: adamw`), or Muon for the hidden matrices with AdamW for the
+rest (`optimizer: muon`), as modded-nanogpt and nanochat split them.
+
+Muon (Keller Jordan, 2024) updates a 2-D weight with its momentum orthogonalised by a quintic
+Newton-Schulz iteration, scaled by sqrt(max(1, rows / cols)). It is for the matrices inside the
+transformer blocks; the embeddings, the output head (tied to the embedding here), norms and
+biases stay with AdamW, each with its own learning rate and weight decay.
+
+torch.optim.Muon computes the same update, but takes its learning rate as a host number and has
+no `found_inf` input: it cannot skip a non-finite step on the device, which fp8train does
+without a host sync per step (health.py). So fp8train carries the update here (the same
+coefficients, Nesterov momentum and scaling; tests compare it with torch.optim.Muon), in one
+optimizer that is torch's fused AdamW for its AdamW groups: one object for Accelerate, the
+checkpoints and the loop."""
 from __future__ import annotations
+
+import math
 
 import torch
 
+# torch.optim.Muon's (and Keller Jordan's) quintic Newton-Schulz coefficients and step count.
+NS_COEFFICIENTS = (3.4445, -4.7750, 2.0315)
+NS_STEPS = 5
 
-def build_optimizer(model: torch.nn.Module, opt) -> torch.optim.AdamW:
-    """AdamW with weight decay on matrices and embeddings only: decaying norms' gains and
-    biases toward zero hurts and saves nothing. Fused (CPU and CUDA): one kernel for the whole
-    update, and it can skip a non-finite step on the device (see health.py). `opt`: the
-    config's optimizer section (or the whole config)."""
-    decay = [p for p in model.parameters() if p.requires_grad and p.dim() >= 2]
-    no_decay = [p for p in model.parameters() if p.requires_grad and p.dim() < 2]
+
+def build_optimizer(model: torch.nn.Module, opt) -> torch.optim.Optimizer:
+    """The optimizer of `opt.optimizer`. AdamW decays matrices and embeddings only: decaying
+    norms' gains and biases toward zero hurts and saves nothing. Fused (CPU and CUDA): one
+    kernel for the whole AdamW update, and it can skip a non-finite step on the device (see
+    health.py). `opt`: the config's optimizer section (or the whole config)."""
+    named = [(n, p) for n, p in model.named_parameters() if p.requires_grad]
+    hidden = [p for n, p in named if is_hidden_matrix(n, p)] if opt.optimizer == "muon" else []
+    taken = {id(p) for p in hidden}
+    decay = [p for n, p in named if p.dim() >= 2 and id(p) not in taken]
+    no_decay = [p for n, p in named if p.dim() < 2]
     groups = [{"params": decay, "weight_decay": opt.weight_decay},
               {"params": no_decay, "weight_decay": 0.0}]
-    return torch.optim.AdamW(groups, lr=opt.learning_rate, betas=(opt.beta1, opt.beta2),
-                             eps=opt.adam_eps, fused=True)
+    kw = dict(lr=opt.learning_rate, betas=(opt.beta1, opt.beta2), eps=opt.adam_eps, fused=True)
+    if opt.optimizer != "muon":
+        return torch.optim.AdamW(groups, **kw)
+    # The loop sets each group's LR to the schedule's value x its lr_scale.
+    groups.append({"params": hidden, "muon": True, "weight_decay": opt.muon_weight_decay,
+                   "momentum": opt.muon_momentum, "lr_scale": opt.muon_lr / opt.learning_rate})
+    return MuonAdamW(groups, **kw)
+
+
+def is_hidden_matrix(name: str, p: torch.Tensor) -> bool:
+    """A weight matrix inside a transformer block (attention and MLP projections): Muon's."""
+    return p.dim() == 2 and name.split(".")[0] == "blocks"
+
+
+class MuonAdamW(torch.optim.AdamW):
+    """Muon for the groups marked `muon`, torch's AdamW for the others. The loop's `found_inf`
+    (1.0: skip this step) reaches both: the fused AdamW kernel takes it, and Muon turns it into
+    factors of 0 on the device (momentum, weight decay and update)."""
+
+    def __init__(self, params, **adamw_kw):
+        super().__init__(params, **adamw_kw)
+        for group in self.param_groups:
+            group.setdefault("muon", False)
+            group.setdefault("lr_scale", 1.0)
+
+    @torch.no_grad()
+    def step(self, closure=None):
+        groups = self.param_groups
+        self.param_groups = [g for g in groups if not g["muon"]]
+        try:
+            loss = super().step(closure)
+        finally:
+            self.param_groups = groups
+        found_inf = getattr(self, "found_inf", None)
+        for group in groups:
+            if group["muon"]:
+                for p in group["params"]:
+                    if p.grad is not None:
+                        self._muon_update(p, group, found_inf)
+        return loss
+
+    def _muon_update(self, p: torch.Tensor, group: dict, found_inf) -> None:
+        state = self.state[p]
+        if "momentum_buffer" not in state:
+            state["momentum_buffer"] = torch.zeros_like(p, memory_format=torch.preserve_format)
+            # Steps applied (AdamW's loading of a state dict expects one in every state).
+            state["step"] = torch.zeros((), device=p.device)
+        buf, grad, lr, mom = state["momentum_buffer"], p.grad, group["lr"], group["momentum"]
+        scale = lr * math.sqrt(max(1.0, p.shape[0] / p.shape[1]))
+        if found_inf is None:
+            ok = 1.0
+        else:       # a skipped step: its non-finite gradient read as 0, every factor 0
+            ok = 1.0 - found_inf.to(device=p.device, dtype=torch.float32)
+            grad = torch.where(found_inf.to(p.device) > 0, torch.zeros((), device=p.device,
+                                                                        dtype=grad.dtype), grad)
+        state["step"].add_(ok)
+        buf.lerp_(grad, (1.0 - mom) * ok if found_inf is None else ((1.0 - mom) * ok).to(p.dtype))
+        update = newton_schulz(grad.lerp(buf, mom)).to(p.dtype)      # Nesterov
+        p.mul_(1.0 - lr * group["weight_decay"] * ok)
+        if found_inf is None:
+            p.add_(update, alpha=-scale)
+        else:
+            p.sub_(update * (scale * ok))
+
+
+def muon_flops_per_step(model: torch.nn.Module) -> float:
+    """The FLOPs of one Muon step's orthogonalisations: per m x n matrix (m <= n) and
+    iteration, x x^T (2 m^2 n), the Gram matrix squared (2 m^3) and its product with x
+    (2 m^2 n)."""
+    total = 0.0
+    for name, p in model.named_parameters():
+        if p.requires_grad and is_hidden_matrix(name, p):
+            m, n = sorted(p.shape)
+            total += NS_STEPS * (4.0 * m * m * n + 2.0 * m ** 3)
+    return total
+
+
+def newton_schulz(g: torch.Tensor, steps: int = NS_STEPS) -> torch.Tensor:
+    """The orthogonalised `g` (about U V^T of its SVD, singular values in ~[0.5, 1.5]): the
+    quintic Newton-Schulz iteration in bfloat16, as torch.optim.Muon computes it."""
+    a, b, c = NS_COEFFICIENTS
+    x = g.bfloat16()
+    tall = g.size(0) > g.size(1)
+    if tall:
+        x = x.T
+    x = x / x.norm().clamp(min=1e-7)
+    for _ in range(steps):
+        gram = x @ x.T
+        x = torch.addmm(x, torch.addmm(gram, gram, gram, beta=b, alpha=c), x, beta=a)
+    return x.T if tall else x

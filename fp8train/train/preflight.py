@@ -6,7 +6,7 @@ imported, so that a wrong path costs a second too.
 `check` resolves `dataset` (a name under data_dir becomes its path, so that config.yaml records
 what was read), then refuses, as a one-line BadInput (exit 2) naming the key and where its value
 came from: a dataset that is missing or cannot be trained on (fp8train/data/sources.py), a
-batch_cache_dir that is not a directory, a resume path that holds no checkpoint (directory
+batch_cache_dir that is not a directory, a HellaSwag file that is not there, a resume path that holds no checkpoint (directory
 listings only: fp8train/checkpoint/locate.py). `load_checked(argv)` is both steps: the config
 exactly as train_fp8.py accepts it, for callers that check a command line it will run (sweeps).
 Standard library only, like the config package.
@@ -38,6 +38,9 @@ def check(cfg: Config) -> Config:
             not os.path.isdir(cfg.batch_cache_dir):
         err(f"key 'batch_cache_dir': '{cfg.batch_cache_dir}' is not a directory",
             "batch_cache_dir")
+    if cfg.hellaswag_interval and cfg.hellaswag_path is not None and \
+            not os.path.isfile(cfg.hellaswag_path):
+        err(f"key 'hellaswag_path': '{cfg.hellaswag_path}' is not a file", "hellaswag_path")
     if cfg.resume not in ("never", "auto"):
         problem = path_problem(cfg.resume)
         if problem:
