@@ -4,8 +4,8 @@ fp8train's errors.py, so that `--help` and every config error come back before
 torch loads.
 
 - schema.py: every key (type, default, bounds, one-line doc, group, whether a resumed run may
-  change it: RESUME_FREE), the frozen `Config`, the typed section each component receives,
-  `--help`'s text.
+  change it: RESUME_FREE), the frozen `Config`, the typed section each component receives.
+- help.py: `--help`'s text, made from the schema.
 - load.py: `load_config(argv)`: defaults, then the YAML file, then the command line, then the
   cross-key checks; also the names other modules read from the config package.
 - yaml_files.py: YAML read strictly (the 1.2 core schema, unique keys) with one-line errors

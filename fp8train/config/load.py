@@ -13,7 +13,8 @@ import os
 from typing import Any
 
 from .command_line import HelpRequested, parse_cli
-from .schema import DERIVED_SECTION, GROUPS, KEYS, Config, help_text, section, to_dict
+from .help import help_text
+from .schema import DERIVED_SECTION, GROUPS, KEYS, Config, section, to_dict
 from .validate import validate
 from .values import apply_mapping, coerce
 from .yaml_files import StrictLoader, dump_yaml, read_yaml

@@ -38,8 +38,10 @@ is_first_microbatch). A weight whose tensor changed in between (a rollback, a lo
 again. The cache is kept out of checkpoints; it is off under
 FSDP (weights are sharded outside the forward) and without accumulation (nothing to reuse).
 
-On a CPU the GEMMs are emulated: the FP8 values are dequantized and multiplied in fp32, which
-gives the same numbers as `_scaled_mm` up to accumulation order (tested) at a usable speed.
+On a CPU the GEMMs are emulated: each cast rounds to FP8 and keeps the FP8 values in fp32 (once:
+every GEMM of the layer reads them, none converts again), multiplied in fp32 and divided by the
+two scales, which gives the same numbers as `_scaled_mm` up to accumulation order (tested) at a
+usable speed.
 When data-parallel (DDP, FSDP), each micro-batch's amaxes are all-reduced (max) over the ranks
 before the update, as Transformer Engine's reduce_amax does: every rank holds the same state,
 computed from all the data, with no broadcast of buffers. The micro-batch probe's and the layer
@@ -64,21 +66,30 @@ INPUT, WEIGHT, GRAD_OUTPUT = 0, 1, 2
 _WHOLE_WEIGHTS = ("NO", "MULTI_CPU", "MULTI_GPU", "MULTI_XPU", "MULTI_NPU", "MULTI_MLU")
 
 
-def cast_fp8(t: torch.Tensor, scale: torch.Tensor, dtype: torch.dtype, transpose: bool):
+def cast_fp8(t: torch.Tensor, scale: torch.Tensor, dtype: torch.dtype, transpose: bool,
+             emulate: bool = False):
     """(t * scale in `dtype`, row-major; its transpose, row-major, when `transpose`; t's amax
     as fp32). One traced function, for a compiler to fuse; the amax is the one delayed scaling
-    records (the cast itself uses the scale from history)."""
-    q = quantize(t, scale, dtype).contiguous()  # a strided t (a transposed view) gives a copy
+    records (the cast itself uses the scale from history). `emulate`: the FP8 values exactly,
+    held in fp32 (converted once, read by each emulated GEMM; no transpose)."""
+    q = quantize(t, scale, dtype)
+    if emulate:
+        return q.float(), None, cast_fp8_amax(t)
+    q = q.contiguous()  # a strided t (a transposed view) gives a copy
     q_t = q.t().contiguous() if transpose else None
     return q, q_t, cast_fp8_amax(t)
 
 
-def cast_fp8_current(t: torch.Tensor, dtype: torch.dtype, transpose: bool):
+def cast_fp8_current(t: torch.Tensor, dtype: torch.dtype, transpose: bool,
+                     emulate: bool = False):
     """cast_fp8 under current scaling: the scale is t's own (fp8_max / amax), so the amax comes
     first. Returns (q, q_t, amax, scale)."""
     amax = cast_fp8_amax(t)
     scale = current_scale(amax, FP8_MAX[dtype])
-    q = quantize(t, scale, dtype).contiguous()
+    q = quantize(t, scale, dtype)
+    if emulate:
+        return q.float(), None, amax, scale
+    q = q.contiguous()
     return q, (q.t().contiguous() if transpose else None), amax, scale
 
 
@@ -178,7 +189,8 @@ class Fp8State(nn.Module):
 
 def fp8_mm(a: torch.Tensor, scale_a: torch.Tensor, b: torch.Tensor, scale_b: torch.Tensor,
            out_dtype: torch.dtype, emulate: bool, fast_accum: bool) -> torch.Tensor:
-    """(a / scale_a) @ (b / scale_b) for FP8 a [M, K] (row-major) and b [K, N] (column-major)."""
+    """(a / scale_a) @ (b / scale_b) for FP8 a [M, K] (row-major) and b [K, N] (column-major);
+    emulated: a and b hold FP8 values in fp32 (products of two FP8 values are exact in fp32)."""
     if emulate:
         return ((a.float() @ b.float()) / (scale_a * scale_b)).to(out_dtype)
     return torch._scaled_mm(a, b, scale_a=scale_a.reciprocal(), scale_b=scale_b.reciprocal(),
@@ -216,9 +228,9 @@ class _Fp8Matmul(torch.autograd.Function):
         # _scaled_mm needs its first operand row-major, cast_fp8 makes it so.
         g2 = grad_out.reshape(-1, grad_out.shape[-1])
         if current:
-            gq, gq_t, a_g, s_g = cast_fp8_current(g2, bwd_dtype, transpose=not emulate)
+            gq, gq_t, a_g, s_g = cast_fp8_current(g2, bwd_dtype, not emulate, emulate)
         else:
-            gq, gq_t, a_g = cast_fp8(g2, s_g, bwd_dtype, transpose=not emulate)
+            gq, gq_t, a_g = cast_fp8(g2, s_g, bwd_dtype, not emulate, emulate)
         if record and not current:
             row = ctx.amax[GRAD_OUTPUT:]
             torch.maximum(row, _finite(a_g).reshape(1), out=row)
@@ -250,7 +262,9 @@ class Fp8Linear(nn.Linear):
         """Tensors for the FP8 weight kept across the micro-batches of a step. Plain attributes,
         not buffers: they are not state (never checkpointed, rebuilt from the weight)."""
         st, w = self.fp8_state, self.weight
-        self.fp8_weight = torch.empty(w.shape, dtype=st.fwd_dtype, device=w.device)
+        # Emulated: the FP8 values held in fp32 (cast_fp8's `emulate`).
+        self.fp8_weight = torch.empty(w.shape, dtype=torch.float32 if st.emulate else
+                                      st.fwd_dtype, device=w.device)
         self.fp8_weight_t = None if st.emulate else \
             torch.empty(w.shape[::-1], dtype=st.fwd_dtype, device=w.device)
         self.fp8_weight_scale = torch.ones((), device=w.device)
@@ -272,8 +286,8 @@ class Fp8Linear(nn.Linear):
         the delayed scale `s_w`, or under current scaling with its own."""
         w = self.weight.detach()
         if st.current:
-            return cast_fp8_current(w, st.fwd_dtype, transpose)
-        return (*cast_fp8(w, s_w, st.fwd_dtype, transpose), s_w)
+            return cast_fp8_current(w, st.fwd_dtype, transpose, st.emulate)
+        return (*cast_fp8(w, s_w, st.fwd_dtype, transpose, st.emulate), s_w)
 
     def _weight_fp8(self, st: Fp8State, s_w: torch.Tensor):
         """(weight in FP8, its transpose or None, the scale it was cast with, its amax)."""
@@ -297,9 +311,10 @@ class Fp8Linear(nn.Linear):
         s_in, s_g = scales[INPUT], scales[GRAD_OUTPUT]
         if st.current:
             xq, x_t, a_in, s_in = cast_fp8_current(x2.detach(), st.fwd_dtype,
-                                                   transpose=not st.emulate)
+                                                   not st.emulate, st.emulate)
         else:
-            xq, x_t, a_in = cast_fp8(x2.detach(), s_in, st.fwd_dtype, transpose=not st.emulate)
+            xq, x_t, a_in = cast_fp8(x2.detach(), s_in, st.fwd_dtype, not st.emulate,
+                                     st.emulate)
         wq, w_t, s_w, a_w = self._weight_fp8(st, scales[WEIGHT])
         if record:
             with torch.no_grad():

@@ -39,7 +39,9 @@ from ..observe.profiling import StepProfiler
 from ..observe.tracking import Tracker, environment, sweep_run_id
 from ..precision import Precision, build_precision
 from .health import Health
-from .optimizer import build_optimizer, muon_flops_per_step
+from .optimizer import build_optimizer, check_distributed
+from .optimizer import describe as describe_optimizer
+from .optimizer import muon_flops_per_step
 from .recovery import Recovery
 from .schedule import describe as describe_schedule
 from .schedule import scaled_lr
@@ -290,10 +292,7 @@ def _accelerator(cfg: Config, state, run_dir: str, log: Logger):
                       log_with=Tracker.log_with(cfg), kwargs_handlers=[ddp],
                       fsdp_plugin=fsdp2_plugin(prec.mixed_precision),
                       **prec.accelerator_kwargs())
-    if cfg.optimizer == "muon" and acc.distributed_type == "FSDP":
-        raise BadInput(f"{cfg.source}: key 'optimizer': muon orthogonalises whole matrices, "
-                       "which FSDP shards: launch with DDP (accelerate_configs/8xh100.yaml) "
-                       "or use optimizer: adamw")
+    check_distributed(cfg, acc.distributed_type)
     n = acc.num_processes
     log.msg(f"fp8train: {cfg.source} -> {run_dir} ({n} process{'es' if n > 1 else ''}, "
             f"{device_name(acc.device)}, {prec.name})")
@@ -354,6 +353,7 @@ def _net(cfg: Config, mcfg, prec: Precision, acc, batch: BatchDecision, checkpoi
     for caution in prec.cautions():
         log.warn(caution)
     optimizer = build_optimizer(model, section(cfg, "optimizer"))
+    log.msg(describe_optimizer(optimizer, section(cfg, "optimizer")))
     model, optimizer = acc.prepare(model, optimizer)
     prec.after_prepare(acc)
     prepared, model = model, compiled(model, section(cfg, "model"))

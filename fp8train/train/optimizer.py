@@ -18,6 +18,8 @@ import math
 
 import torch
 
+from ..errors import BadInput
+
 # torch.optim.Muon's (and Keller Jordan's) quintic Newton-Schulz coefficients and step count.
 NS_COEFFICIENTS = (3.4445, -4.7750, 2.0315)
 NS_STEPS = 5
@@ -42,6 +44,29 @@ def build_optimizer(model: torch.nn.Module, opt) -> torch.optim.Optimizer:
     groups.append({"params": hidden, "muon": True, "weight_decay": opt.muon_weight_decay,
                    "momentum": opt.muon_momentum, "lr_scale": opt.muon_lr / opt.learning_rate})
     return MuonAdamW(groups, **kw)
+
+
+def describe(optimizer: torch.optim.Optimizer, opt) -> str:
+    """The optimizer in one line, for the log."""
+    counts = {}
+    for g in optimizer.param_groups:
+        kind = "muon" if g.get("muon") else "adamw"
+        counts[kind] = counts.get(kind, 0) + sum(p.numel() for p in g["params"])
+    adamw = f"AdamW (fused, peak lr {opt.learning_rate:g}) for {counts['adamw'] / 1e6:.2f}M " \
+        "parameters"
+    if "muon" not in counts:
+        return f"optimizer: {adamw}"
+    return (f"optimizer: Muon (peak lr {opt.muon_lr:g}, momentum {opt.muon_momentum:g}) for the "
+            f"blocks' matrices, {counts['muon'] / 1e6:.2f}M parameters; {adamw} (embeddings, "
+            "norms, biases)")
+
+
+def check_distributed(cfg, distributed_type: str) -> None:
+    """Muon orthogonalises whole matrices, which FSDP shards: refused there, in one line."""
+    if cfg.optimizer == "muon" and distributed_type == "FSDP":
+        raise BadInput(f"{cfg.source}: key 'optimizer': muon orthogonalises whole matrices, "
+                       "which FSDP shards: launch with DDP (accelerate_configs/8xh100.yaml) "
+                       "or use optimizer: adamw")
 
 
 def is_hidden_matrix(name: str, p: torch.Tensor) -> bool:

@@ -247,9 +247,12 @@ def rows(out):
     return [json.loads(line) for line in open(out / "metrics.jsonl")]
 
 
-def test_a_nan_step_is_skipped_and_counted(tmp_path):
+@pytest.mark.parametrize("optimizer", ["adamw", "muon"])
+def test_a_nan_step_is_skipped_and_counted(tmp_path, optimizer):
+    """Skipped on the device by either optimizer (Muon's part too: optimizer.py)."""
     out = tmp_path / "run"
-    r = run_train(*tiny_args(out, **NAN_ARGS), env={"FP8TRAIN_FAULTS": "nan@5"})
+    r = run_train(*tiny_args(out, **NAN_ARGS, optimizer=optimizer),
+                  env={"FP8TRAIN_FAULTS": "nan@5"})
     assert r.returncode == 0, r.stderr[-3000:]
     skipped = {row["step"]: row["train/skipped_steps"] for row in rows(out)
                if "train/skipped_steps" in row}

@@ -64,7 +64,7 @@ def test_demo_config_trains_well_below_the_unigram_baseline(tmp_path):
         r = run_train("--config", "configs/test_fp8.yaml", "--output_dir", out)
         assert r.returncode == 0, r.stderr[-3000:]
         console = r.stdout
-    assert "batch plan: micro 16 × accum 2 × 1 device" in console
+    assert "batch plan: micro 24 × accum 1 × 1 device" in console
     log = rows(out)
     train = [x for x in log if "train/loss" in x]
     val = [x for x in log if "val/loss" in x]

@@ -146,5 +146,5 @@ CASES = [
     Case("cli-warmup-set-after-the-length",
          ["--config", "configs/test_fp8.yaml", "--warmup_steps=500"], prefix="bare",
          expect="error: --warmup_steps=500, configs/test_fp8.yaml: key 'warmup_steps' (500) "
-                "must be smaller than max_steps (400)"),
+                "must be smaller than max_steps (500)"),
 ]

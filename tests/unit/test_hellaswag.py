@@ -6,6 +6,7 @@ import re
 
 import pytest
 import torch
+from support.hellaswag_shared import LINES, write_hellaswag
 from torch import nn
 
 from fp8train.config.load import Config
@@ -28,33 +29,15 @@ class LovesA(nn.Module):
         return logits
 
 
-def example(ctx, endings, label, **extra):
-    return json.dumps({"ind": 0, "activity_label": "x", "ctx_a": ctx, "ctx_b": "", "ctx": ctx,
-                       "endings": endings, "label": label, "split": "val", **extra})
-
-
 def mean_loss(ending):
     """By hand: the ending's bytes are " " + ending, each scored as "a" or not."""
     text = " " + ending
     return sum(LOSS_A if ch == "a" else LOSS_OTHER for ch in text) / len(text)
 
 
-# Four examples; the model picks the ending with the most "a"s per byte.
-#  1: right (label 0 is all "a"s)        2: wrong (label 2, the model picks 0)
-#  3: right: normalised, the long mostly-"a" ending (label 1) beats a short one whose SUM of
-#     losses is lower ("b": 2 bytes), so an unnormalised score would pick 3
-#  4: right, label given as a string, as the hub's copy has it
-LINES = [example("Then", ["aaaa", "bbbb", "cccc", "dddd"], 0),
-         example("So", ["aaab", "abbb", "bbbb", "bbba"], 2),
-         example("A man", ["bbbbbbbbbbbb", "aaaaaaaaaaab", "bbbbbbbbbbba", "b"], 1),
-         example("She", ["xyz", "qq", "aaaa", "zz"], "2")]
-
-
 @pytest.fixture
 def hellaswag_file(tmp_path):
-    path = tmp_path / "hellaswag_val.jsonl"
-    path.write_text("\n".join(LINES) + "\n")
-    return str(path)
+    return write_hellaswag(tmp_path)
 
 
 def test_the_accuracy_of_a_model_with_known_losses_is_the_hand_computed_one(hellaswag_file):
@@ -115,25 +98,3 @@ def test_the_first_n_examples_and_a_missing_file(hellaswag_file, tmp_path):
                  hellaswag_path=str(tmp_path / "nope.jsonl"))
     with pytest.raises(BadInput, match="key 'hellaswag_path': .*nope.jsonl' is not a file"):
         check(cfg)
-
-
-# --- in a real run, and from a checkpoint ------------------------------------------------------
-
-def test_a_run_logs_hellaswag_and_evaluate_py_reproduces_it(tmp_path, hellaswag_file):
-    import subprocess
-    import sys
-
-    from conftest import ROOT, run_train, tiny_args
-    out = tmp_path / "run"
-    r = run_train(*tiny_args(out, hellaswag_interval=12, hellaswag_path=hellaswag_file))
-    assert r.returncode == 0, r.stderr[-2000:]
-    rows = [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines()]
-    accs = {row["step"]: row["val/hellaswag_acc"] for row in rows if "val/hellaswag_acc" in row}
-    assert list(accs) == [12] and accs[12] in (0.0, 0.25, 0.5, 0.75, 1.0)
-    assert f"val/hellaswag_acc {accs[12]:.4f}" in r.stdout
-    e = subprocess.run([sys.executable, "scripts/evaluate.py", str(out), "--hellaswag",
-                        hellaswag_file, "--json"], cwd=ROOT, capture_output=True, text=True,
-                       timeout=300)
-    assert e.returncode == 0, e.stderr[-2000:]
-    got = json.loads(e.stdout)
-    assert got["val/hellaswag_acc"] == accs[12] and got["examples"] == 4 and got["step"] == 12

@@ -7,9 +7,10 @@ import pytest
 import torch
 
 from fp8train.config.load import Config
+from fp8train.errors import BadInput
 from fp8train.model import GPT, model_config_from
-from fp8train.train.optimizer import (NS_STEPS, MuonAdamW, build_optimizer, muon_flops_per_step,
-                                      newton_schulz)
+from fp8train.train.optimizer import (NS_STEPS, MuonAdamW, build_optimizer, check_distributed,
+                                      muon_flops_per_step, newton_schulz)
 
 
 def tiny(seed=0):
@@ -144,3 +145,12 @@ def test_muon_flops_are_counted_per_matrix():
     per_block = [(128, 384), (128, 128), (128, 512), (128, 512)]   # (smaller, larger) side
     want = 2 * sum(NS_STEPS * (4 * m * m * n + 2 * m ** 3) for m, n in per_block)
     assert muon_flops_per_step(model) == want
+
+
+def test_muon_is_refused_under_fsdp_in_one_line():
+    cfg = Config(optimizer="muon")
+    check_distributed(cfg, "MULTI_GPU")         # DDP: whole matrices, fine
+    check_distributed(Config(), "FSDP")          # AdamW under FSDP, fine
+    with pytest.raises(BadInput, match="key 'optimizer': muon orthogonalises whole matrices, "
+                                       "which FSDP shards"):
+        check_distributed(cfg, "FSDP")
