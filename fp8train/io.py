@@ -45,6 +45,18 @@ def atomic_write_json(path: str, obj: Any, *, unique: bool = False, **dump_kw) -
     atomic_write(path, json.dumps(obj, **dump_kw) + "\n", unique=unique)
 
 
+def writable_dir(path: str) -> Optional[str]:
+    """Create the directory `path` (and its parents) if needed; None when it is there and
+    writable, else why not ("cannot create 'P': reason" or "'P' is not writable")."""
+    try:
+        os.makedirs(path, exist_ok=True)
+    except OSError as e:
+        return f"cannot create '{path}': {e.strerror or e}"
+    if not os.access(path, os.W_OK):
+        return f"'{path}' is not writable"
+    return None
+
+
 def _digest(key: dict) -> str:
     return hashlib.sha256(json.dumps(key, sort_keys=True).encode()).hexdigest()[:16]
 

@@ -24,3 +24,15 @@ def gpu_corpus() -> str:
     saying where it looked. On a GPU machine a skip reads as a pass. Session-scoped, so that it
     runs before any module fixture that would train on the missing file."""
     return require_corpus()
+
+
+@pytest.fixture
+def no_accelerate_state_left():
+    """For tests that build an Accelerator in the test process: its process-wide state would
+    reach later tests (tests/e2e/test_fsdp_fp8.py reads it). Reset after each test, as
+    Accelerate's own AccelerateTestCase.tearDown does. Used as
+    `pytestmark = pytest.mark.usefixtures("no_accelerate_state_left")`."""
+    yield
+    from accelerate.state import AcceleratorState, GradientState
+    AcceleratorState._reset_state(True)
+    GradientState._reset_state()

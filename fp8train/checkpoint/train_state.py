@@ -15,6 +15,7 @@ class TrainState:
         self.rollbacks = 0           # restores of the last checkpoint after max_bad_steps
         self.fp8_margin_added = 0    # remedies of those rollbacks, re-applied on resume
         self.fp8_off = False
+        self.fp8_until_tokens = None  # tokens trained when fp8_until switched FP8 off
         # for the end-of-run report (summary.json), carried across resumes
         self.wall_seconds = 0.0      # wall time of every invocation, up to its last checkpoint
         self.steady_tokens = 0       # tokens and training seconds of the steady state (each

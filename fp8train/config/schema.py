@@ -209,6 +209,9 @@ class Config:
     fp8_fallback: str = _key("bf16", "when FP8 cannot run: bf16 (warn) | error (exit 2)", "fp8",
                              choices=("bf16", "error"), resume="free")
     fp8_eval: bool = _key(False, "evaluate in FP8 too (default: bf16)", "fp8", resume="free")
+    fp8_until: Optional[float] = _key(
+        None, "FP8 up to this point of the run, the base precision after it (the cool-down): "
+        "a fraction of the LR schedule (below 1) or an optimizer step (1 or more)", "fp8", gt=0.0)
     fp8_recipe: Optional[str] = _key(
         None, "the scaling recipe, per backend (the first is its default): te delayed | current | "
         "block; torchao tensorwise | rowwise | rowwise_with_gw_hp; native delayed | current",

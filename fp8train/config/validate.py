@@ -54,6 +54,9 @@ def validate(cfg: Config) -> None:
             "need the token dimension divisible by 16", "seq_len", "use_fp8")
     if cfg.use_fp8:
         _check_fp8_recipe(cfg, err)
+    if cfg.fp8_until is not None and cfg.fp8_until >= 1 and cfg.fp8_until != int(cfg.fp8_until):
+        err(f"key 'fp8_until' ({cfg.fp8_until:g}) is a step from 1 on, so a whole number (or "
+            "a fraction of the schedule below 1)", "fp8_until")
     if cfg.fp8_min_layer_size and cfg.fp8_layers != "min_size":
         err(f"key 'fp8_min_layer_size' ({cfg.fp8_min_layer_size}) applies only with fp8_layers: "
             f"min_size, but fp8_layers is '{cfg.fp8_layers}'; set fp8_layers: min_size or "

@@ -9,7 +9,8 @@ import json
 import os
 import re
 
-from ..errors import BadInput, one_line
+from ..errors import BadInput
+from ..io import writable_dir
 from .catalog import KNOWN
 from .documents import looks_local
 from .shards import CHECKED_FILE, META_FILE
@@ -102,11 +103,7 @@ def make_dirs(path: str) -> list:
     while not os.path.exists(p):
         created.insert(0, p)
         p = os.path.dirname(p)
-    try:
-        os.makedirs(path, exist_ok=True)
-    except OSError as e:
-        raise BadInput(f"cannot create output directory '{path}' "
-                          f"({e.strerror or one_line(e)})") from None
-    if not os.access(path, os.W_OK):
-        raise BadInput(f"output directory '{path}' is not writable")
+    why = writable_dir(path)
+    if why:
+        raise BadInput(f"output directory: {why}")
     return created

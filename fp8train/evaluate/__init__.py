@@ -4,6 +4,7 @@ imported here: importing one module loads only the modules it uses.
 - evaluation.py  the validation loss over batches (every rank its share).
 - evaluator.py   the training loop's component: when to evaluate, the target, samples.
 - samples.py     text samples, during training (`TextSampler`) and after it.
+- hellaswag.py   HellaSwag accuracy (normalised completion loss), during training and after it.
 - trained.py     a finished run or checkpoint loaded for evaluation, sampling and export.
 - hf_export.py   export to a HuggingFace transformers model, checked against ours.
 """

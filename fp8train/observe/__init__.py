@@ -15,4 +15,6 @@ here: importing one module loads only the modules it uses.
                      (scripts/compare_runs.py).
 - bench.py           training speed: preset × precision × compile, each a real run
                      (scripts/bench.py).
+- race.py            the README demo against nanoGPT's CPU recipe, loss against wall time
+                     (scripts/race_nanogpt.py).
 """

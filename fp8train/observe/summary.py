@@ -43,6 +43,10 @@ def build(facts: dict, st, precision: dict, outcome: dict, fp8=None) -> dict:
                                          "tokens_per_step")},
         "precision": precision.get("precision"), "fp8": precision.get("fp8"),
         "fp8_layers_converted": precision.get("fp8_layers", 0),
+        # fp8_until: the tokens trained in FP8 and, after the hand-over, in the base precision
+        "tokens_fp8": st.fp8_until_tokens,
+        "tokens_after_fp8": None if st.fp8_until_tokens is None
+        else st.tokens - st.fp8_until_tokens,
         "model": facts["model"], "n_params": facts["n_params"],
         "skipped_steps": st.skipped_steps, "rollbacks": st.rollbacks,
         "checkpoints_written": st.checkpoints_written,
@@ -76,6 +80,9 @@ def describe(s: dict) -> list[str]:
              f"{s['precision']}"
              + (f" with FP8 ({s['fp8']}, {s['fp8_layers_converted']} layers)"
                 if s["fp8_layers_converted"] else "")]
+    if s.get("tokens_fp8") is not None:
+        lines.append(f"summary: {s['tokens_fp8']:,} tokens trained in FP8, then "
+                     f"{s['tokens_after_fp8']:,} in {s['precision']} (fp8_until)")
     if s["target_val_loss"] is not None:
         t = s["target_val_loss"]
         lines.append(

@@ -84,8 +84,9 @@ class Precision:
         what changed, or None when there is nothing to change."""
         return None
 
-    def reapply(self, margin_added: int, fp8_off: bool) -> None:
-        """On resume: apply the remedies of rollbacks before the checkpoint again."""
+    def reapply(self, margin_added: int, fp8_off: bool, handed_over: bool = False) -> None:
+        """On resume: apply the remedies of rollbacks before the checkpoint again, and
+        fp8_until's hand-over to the base precision (`handed_over`)."""
 
     def describe(self) -> str:
         return self.name
@@ -223,6 +224,7 @@ class Fp8Backend(Precision):
         self.selection = None
         self.recorder = None
         self.disabled = False     # FP8 switched off by a recovery: high precision from then on
+        self.handed_over = False  # ... by fp8_until
         self.margin_added = 0
         self.tokens: Optional[int] = None   # set_tokens; None: fp8_layers auto times nothing
         self.info: Callable[[str], None] = lambda msg: None
@@ -297,6 +299,10 @@ class Fp8Backend(Precision):
     def recover(self, how: str) -> str | None:
         if self.disabled:
             return None
+        if how == "until":   # fp8_until reached: the cool-down in the base precision
+            self.disabled = self.handed_over = True
+            return f"FP8 handed over to {self.base.name}: the converted layers compute in " \
+                f"{self.base.name} from here"
         if how == "margin" and self.raise_margin():
             self.margin_added += 1
             return f"fp8_margin {self.margin() - 1} -> {self.margin()}"
@@ -304,11 +310,12 @@ class Fp8Backend(Precision):
         why = "" if how == "bf16" else f" ({self.label} has no margin to raise)"
         return f"FP8 switched off{why}: the converted layers compute in {self.base.name} from here"
 
-    def reapply(self, margin_added: int, fp8_off: bool) -> None:
+    def reapply(self, margin_added: int, fp8_off: bool, handed_over: bool = False) -> None:
         for _ in range(margin_added - self.margin_added):
             if self.raise_margin():
                 self.margin_added += 1
         self.disabled = self.disabled or fp8_off
+        self.handed_over = self.handed_over or handed_over
 
     def high_precision(self):
         """A context in which the converted layers compute like plain Linears (evaluation)."""
@@ -322,6 +329,8 @@ class Fp8Backend(Precision):
         self.recorder.watch(on and not self.disabled)
 
     def stats(self) -> "OrderedDict[str, torch.Tensor]":
+        if self.disabled:   # nothing recorded since (an earlier watched step's rows are stale)
+            return OrderedDict()
         return self.recorder.stats.collect()
 
     def cautions(self) -> list:
@@ -333,7 +342,8 @@ class Fp8Backend(Precision):
 
     def derived(self) -> dict:
         emulated = " (emulated on CPU)" if self.emulate else ""
-        off = " (switched off after non-finite steps)" if self.disabled else ""
+        off = f" (until fp8_until, then {self.base.name})" if self.handed_over else \
+            " (switched off after non-finite steps)" if self.disabled else ""
         return {"precision": self.base.name, "fp8": self.label + emulated + off,
                 "fp8_recipe": self.cfg.fp8_recipe,
                 "fp8_layers": len(self.selection.chosen), "fp8_layer_policy": self.layer_policy,

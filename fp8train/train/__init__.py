@@ -11,8 +11,10 @@ by cli or preflight, so that a bad config comes back before torch loads).
                  components; returns one `Run`.
 - loop.py        `train()` and the `Trainer`: the step, and the components in order.
 - loss.py        cross-entropy and the optional logit penalties (the model returns it).
-- optimizer.py   AdamW, fused, decay on matrices only.
-- schedule.py    the learning rate: warmup, cosine, batch scaling.
+- optimizer.py   AdamW (fused, decay on matrices only), or Muon for the blocks' matrices with
+                 AdamW for the rest; device-side skip of a non-finite step for both.
+- schedule.py    the learning rate: warmup, then cosine, warmup-stable-decay or linear; batch
+                 scaling.
 - health.py      non-finite steps and loss spikes, counted on the device.
 - recovery.py    rollback after a streak of non-finite steps, with the FP8 remedy.
 - signals.py     stop signals, and the stop every rank agrees on.

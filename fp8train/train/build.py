@@ -32,6 +32,7 @@ from ..evaluate.evaluator import Evaluator
 from ..evaluate.evaluator import missed as missed_eval
 from ..evaluate.hellaswag import HellaSwag
 from ..evaluate.samples import TextSampler
+from ..io import writable_dir
 from ..model import compiled, model_config_from
 from ..observe.logger import Logger
 from ..observe.metrics import Meter, WallClock, device_name, peak_note
@@ -44,7 +45,7 @@ from .optimizer import describe as describe_optimizer
 from .optimizer import muon_flops_per_step
 from .recovery import Recovery
 from .schedule import describe as describe_schedule
-from .schedule import scaled_lr
+from .schedule import fp8_until_step, scaled_lr
 from .signals import Stopper, StopRequests
 
 
@@ -94,6 +95,7 @@ class Feed:
     rank: int
     device: torch.device
     prefetch: int
+    fp8_until_step: Optional[int] = None   # from this step on, the base precision (fp8_until)
 
     @property
     def tokens_per_step(self) -> int:
@@ -248,13 +250,9 @@ def open_run(cfg: Config, run_dir: str, resume: str, manager: CheckpointManager,
 
 
 def ensure_writable_dir(path: str, source: str) -> None:
-    try:
-        os.makedirs(path, exist_ok=True)
-    except OSError as e:
-        raise BadInput(f"{source}: key 'output_dir': cannot create '{path}': "
-                          f"{e.strerror or e}") from None
-    if not os.access(path, os.W_OK):
-        raise BadInput(f"{source}: key 'output_dir': '{path}' is not writable")
+    why = writable_dir(path)
+    if why:
+        raise BadInput(f"{source}: key 'output_dir': {why}")
 
 
 def fsdp2_plugin(mixed_precision: str):
@@ -329,7 +327,8 @@ def _feed(cfg: Config, plan: BatchPlan, train_tokens: int, windows, acc, log: Lo
     log.msg(f"schedule: {sched.total_steps:,} steps ({sched.steps_per_epoch:,} per epoch), "
             f"warmup {sched.warmup_steps}, {after} at step {sched.lr_steps:,}")
     return Feed(windows, plan, sched, lr_args, cfg.seq_len, acc.process_index, acc.device,
-                cfg.data_prefetch)
+                cfg.data_prefetch, fp8_until_step(cfg.fp8_until, sched.lr_steps)
+                if cfg.use_fp8 else None)
 
 
 def _net(cfg: Config, mcfg, prec: Precision, acc, batch: BatchDecision, checkpoint,
@@ -381,7 +380,7 @@ def _restore(acc, manager: CheckpointManager, checkpoint, st: TrainState, prec: 
         from ..errors import one_line
         raise BadInput(f"cannot resume from '{checkpoint}': it does not match this "
                           f"run's model or optimizer ({one_line(e)})") from None
-    prec.reapply(st.fp8_margin_added, st.fp8_off)
+    prec.reapply(st.fp8_margin_added, st.fp8_off, st.fp8_until_tokens is not None)
     if st.rollbacks:
         log.msg(f"this run restored a checkpoint {st.rollbacks} time(s) after non-finite "
                 f"steps; precision now: {prec.describe()}")

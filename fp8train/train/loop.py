@@ -90,6 +90,7 @@ class Trainer:
                     last = st.step + 1 == total
                     logged = p.meter.due(st.step + 1, last)
                     p.profiler.before(st.step + 1)
+                    self.fp8_hand_over()
                     lr, grad_norm = self.train_step(logged)
                     p.profiler.after(st.step, p.meter)
                     if first:
@@ -119,6 +120,18 @@ class Trainer:
             self.log.progress.first_step(self.st.step, seconds,
                                          None if logged else self.parts.meter.next_row(
                                              self.st.step, self.feed.sched.total_steps))
+
+    def fp8_hand_over(self) -> None:
+        """fp8_until: from its step on, the converted layers compute in the base precision
+        (the switch the bf16 remedy uses); said once, and recorded for resume and the report."""
+        until, st, prec = self.feed.fp8_until_step, self.st, self.net.prec
+        if until is None or st.step < until or not prec.fp8 or prec.disabled:
+            return
+        what = prec.recover("until")
+        st.fp8_off, st.fp8_until_tokens = True, st.tokens
+        self.log.msg(f"fp8_until: step {st.step:,} reached after {st.tokens:,} tokens in FP8; "
+                     f"{what}")
+        self.log.log({"step": st.step, "tokens": st.tokens, "fp8/on": 0})
 
     def note_signal(self) -> None:
         """The handler acknowledged a stop signal on the console; train.log gets it here."""

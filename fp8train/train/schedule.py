@@ -66,8 +66,16 @@ def describe(schedule: str, min_lr_ratio: float, max_lr: float, decay_fraction: 
     """The schedule after warmup in words: "cosine to 0.1 × 0.0006"."""
     to = f"to {min_lr_ratio:g} × {max_lr:g}"
     if schedule == "wsd":
-        return f"stable, then the last {decay_fraction:g} decaying ({decay_shape}) {to}"
+        return f"wsd (the last {decay_fraction:.0%} decaying, {decay_shape}) {to}"
     return f"{schedule} {to}"
+
+
+def fp8_until_step(until, lr_steps: int):
+    """The optimizer step from which fp8_until trains in the base precision: `until` below 1
+    is a fraction of the LR schedule's `lr_steps`, from 1 on a step; None: FP8 throughout."""
+    if until is None:
+        return None
+    return max(1, round(until * lr_steps)) if until < 1 else int(until)
 
 
 def scaled_lr(lr: float, rule: str, effective_batch: int, reference_batch) -> tuple:

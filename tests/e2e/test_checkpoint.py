@@ -6,15 +6,7 @@ import os
 import pytest
 
 
-@pytest.fixture(autouse=True)
-def no_accelerate_state_left():
-    """Some tests here build an Accelerator in this process: its process-wide state would reach
-    later tests (tests/e2e/test_fsdp_fp8.py reads it). Reset after each test, as Accelerate's own
-    AccelerateTestCase.tearDown does."""
-    yield
-    from accelerate.state import AcceleratorState, GradientState
-    AcceleratorState._reset_state(True)
-    GradientState._reset_state()
+pytestmark = pytest.mark.usefixtures("no_accelerate_state_left")
 
 
 def test_real_runs_print_each_save_keep_modes_pass_over_damage_and_refuse_a_mismatch(tmp_path):

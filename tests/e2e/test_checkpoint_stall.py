@@ -10,14 +10,7 @@ import re
 import pytest
 
 
-@pytest.fixture(autouse=True)
-def no_accelerate_state_left():
-    """Tests here build an Accelerator in this process: reset its process-wide state after each,
-    as tests/e2e/test_checkpoint.py does."""
-    yield
-    from accelerate.state import AcceleratorState, GradientState
-    AcceleratorState._reset_state(True)
-    GradientState._reset_state()
+pytestmark = pytest.mark.usefixtures("no_accelerate_state_left")
 
 
 def test_a_real_run_logs_the_stall_of_each_background_save(tmp_path):

@@ -90,7 +90,8 @@ def test_short_run_of_a_config_shortens_its_warmup_and_records_it(tmp_path, data
          f"--output_dir={out}", f"--dataset={data_dir}/tinyshakespeare.txt", "--no_fp8",
          "--n_layer=2", "--seq_len=32", "--batch_size=2", "--gradient_accumulation_steps=1",
          "--log_interval=1", "--eval_interval=100", "--eval_sequences=4", "--eval_samples=0",
-         "--checkpoint_interval=100"],
+         "--checkpoint_interval=100", "--optimizer=adamw", "--lr_schedule=cosine",
+         "--learning_rate=3e-3", "--min_lr_ratio=0.1"],
         cwd=ROOT, capture_output=True, text=True, timeout=300)
     assert r.returncode == 0, r.stderr
     warnings = [line for line in r.stderr.splitlines() if "warmup" in line]

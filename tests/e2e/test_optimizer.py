@@ -32,3 +32,32 @@ def test_muon_with_fp8_and_accumulation_resumes_bit_exact(tmp_path):
     val = lambda d: [row["val/loss"] for row in map(json.loads, open(d / "metrics.jsonl"))
                      if "val/loss" in row]
     assert val(a) == val(b)
+
+
+def test_fp8_until_hands_the_cool_down_to_the_base_precision_and_resumes_bit_exact(tmp_path):
+    """fp8_until 0.5 of a 12-step schedule: FP8 for steps 1-6, fp32 after, said once; a run
+    stopped after the hand-over (step 8) and resumed ends where the straight one does; the
+    summary splits the tokens."""
+    until = dict(use_fp8="true", fp8_backend="native", lr_decay_steps=12, fp8_until=0.5,
+                 log_interval=2)
+    a, b = tmp_path / "straight", tmp_path / "stopped"
+    r = run_train(*tiny_args(a, max_steps=12, **until))
+    assert r.returncode == 0, r.stderr[-2000:]
+    assert r.stdout.count("fp8_until: step 6 reached after 6,144 tokens in FP8; FP8 handed "
+                          "over to fp32") == 1
+    rows = [json.loads(line) for line in open(a / "metrics.jsonl")]
+    scaled = [row["step"] for row in rows if "fp8/fwd_scale" in row]
+    assert scaled and max(scaled) <= 6                    # no FP8 statistics after the switch
+    assert {"step": 6, "tokens": 6144, "fp8/on": 0} in rows
+    summary = json.loads((a / "summary.json").read_text())
+    assert (summary["tokens_fp8"], summary["tokens_after_fp8"]) == (6144, 6144)
+    assert summary["fp8"] == "native (emulated on CPU) (until fp8_until, then fp32)"
+    assert "summary: 6,144 tokens trained in FP8, then 6,144 in fp32 (fp8_until)" in r.stdout
+    assert run_train(*tiny_args(b, max_steps=8, **until)).returncode == 0
+    r2 = run_train(*tiny_args(b, max_steps=12, **until), "--resume")
+    assert r2.returncode == 0, r2.stderr[-2000:]
+    assert "fp8_until: step" not in r2.stdout           # handed over before the checkpoint
+    pa, pb = final(a), final(b)
+    for k in pa:
+        assert (pa[k] == pb[k]).all(), k
+    assert json.loads((b / "summary.json").read_text())["tokens_fp8"] == 6144

@@ -139,7 +139,7 @@ def install(faults: "Faults | None") -> None:
     install_step_faults(faults)
     install_save_faults(faults)
     from fp8train.evaluate.evaluator import Evaluator
-    _wrap(Evaluator, "run", before=lambda self, model, st, *_: faults.signal("eval", st.step))
+    _wrap(Evaluator, "run", before=lambda self, model, st, *_, **__: faults.signal("eval", st.step))
 
 
 def _wrap(owner, name, setattr_=setattr, before=None, after=None):

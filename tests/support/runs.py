@@ -56,9 +56,10 @@ def entry_script(env) -> str:
 def tiny_args(output_dir, **overrides):
     """A seconds-long run: the demo config shrunk further, in fp32 unless FP8 is asked for
     (use_fp8=true) so that tests of the loop itself compare exact numbers, with AdamW and the
-    cosine unless asked otherwise (the demo's own choices may change with its tuning)."""
+    cosine to 0.1 of a 3e-3 peak unless asked otherwise (the demo's own choices may change
+    with its tuning)."""
     kw = dict(config="configs/test_fp8.yaml", output_dir=output_dir, use_fp8="false",
-              optimizer="adamw", lr_schedule="cosine",
+              optimizer="adamw", lr_schedule="cosine", learning_rate=3e-3, min_lr_ratio=0.1,
               n_layer=2, seq_len=64,
               batch_size=8, gradient_accumulation_steps=2, warmup_steps=3, max_steps=12,
               log_interval=4, eval_interval=6, checkpoint_interval=6, eval_sequences=32)

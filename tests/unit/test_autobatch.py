@@ -1,8 +1,6 @@
-"""Micro-batch discovery: the search against an injected memory model that raises a genuine
-torch.OutOfMemoryError, the plan over many (target, world, fitted), the choice of the fastest
-micro-batch against injected timings, and real probing and timing through train_fp8.py on CPU
-(measured bytes against a budget, measured tokens/s), their cache, and two ranks that
-disagree."""
+"""In-process tests: Micro-batch discovery: the search against an injected memory model that raises
+a genuine torch.OutOfMemoryError, the plan over many (target, world, fitted), the choice of the
+... The whole story, and the tests that start processes: tests/e2e/test_autobatch.py."""
 
 
 import math

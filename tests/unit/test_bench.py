@@ -1,6 +1,6 @@
-"""scripts/bench.py --quick on CPU: the harness end to end (real train_fp8.py runs on the
-synthetic stream, the probe's micro-batch, FP8 layer counts, the tables). It checks the
-harness, not speed: CPU numbers say nothing about a GPU."""
+"""In-process tests: scripts/bench.py --quick on CPU: the harness end to end (real train_fp8.py
+runs on the synthetic stream, the probe's micro-batch, FP8 layer counts, the tables). It checks
+the ... The whole story, and the tests that start processes: tests/e2e/test_bench.py."""
 
 
 import math

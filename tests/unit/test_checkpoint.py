@@ -11,15 +11,7 @@ from fp8train.checkpoint.train_state import TrainState
 from fp8train.errors import BadInput
 
 
-@pytest.fixture(autouse=True)
-def no_accelerate_state_left():
-    """Some tests here build an Accelerator in this process: its process-wide state would reach
-    later tests (tests/e2e/test_fsdp_fp8.py reads it). Reset after each test, as Accelerate's own
-    AccelerateTestCase.tearDown does."""
-    yield
-    from accelerate.state import AcceleratorState, GradientState
-    AcceleratorState._reset_state(True)
-    GradientState._reset_state()
+pytestmark = pytest.mark.usefixtures("no_accelerate_state_left")
 
 
 def make(root, *steps):

@@ -1,8 +1,7 @@
-"""What a background checkpoint (checkpoint_async) costs the training thread while it is written:
-the write must not hold the GIL (safetensors 0.8+, torch.save's storage writes), each background
-save measures the longest stall it caused (`checkpoint/stall_max_s`) and the steps trained
-meanwhile (`checkpoint/overlap_steps`), and a safetensors that would hold the GIL turns
-checkpoint_async off at start with one warning. Measured numbers: fp8train/checkpoint/write_stall.py."""
+"""In-process tests: What a background checkpoint (checkpoint_async) costs the training thread
+while it is written: the write must not hold the GIL (safetensors 0.8+, torch.save's storage
+writes), ... The whole story, and the tests that start processes:
+tests/e2e/test_checkpoint_stall.py."""
 
 
 import os
@@ -17,14 +16,7 @@ from fp8train.checkpoint.manager import CheckpointManager
 from fp8train.checkpoint.train_state import TrainState
 
 
-@pytest.fixture(autouse=True)
-def no_accelerate_state_left():
-    """Tests here build an Accelerator in this process: reset its process-wide state after each,
-    as tests/e2e/test_checkpoint.py does."""
-    yield
-    from accelerate.state import AcceleratorState, GradientState
-    AcceleratorState._reset_state(True)
-    GradientState._reset_state()
+pytestmark = pytest.mark.usefixtures("no_accelerate_state_left")
 
 
 def _longest_gap_while(busy, tick=0.001) -> float:

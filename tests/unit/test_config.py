@@ -158,7 +158,9 @@ def test_shipped_configs_cover_the_documented_ones():
     assert (fp8.dataset, fp8.target_effective_batch_size, fp8.max_batch_size) == \
         ("fineweb-edu", 512, 128)
     assert (fp8.learning_rate, fp8.warmup_steps, fp8.num_epochs, fp8.min_lr_ratio) == \
-        (3e-3, 2000, 2, 0.1)
+        (3e-3, 2000, 2, 0.0)
+    assert (fp8.optimizer, fp8.muon_lr, fp8.lr_schedule, fp8.lr_decay_fraction) == \
+        ("muon", 0.02, "wsd", 0.3)
     assert (fp8.use_fp8, fp8.fp8_format, fp8.fp8_margin) == (True, "hybrid", 0)
 
 
@@ -240,3 +242,11 @@ def test_a_saved_config_from_before_recipes_per_backend_resumes_unchanged(tmp_pa
     assert changed_on_resume(str(tmp_path), now) == []
     now["fp8_recipe"] = "current"
     assert changed_on_resume(str(tmp_path), now) == ["fp8_recipe 'delayed' -> 'current'"]
+
+
+def test_fp8_until_as_a_step_is_a_whole_number(tmp_path):
+    with pytest.raises(BadInput, match=r"key 'fp8_until' \(12.5\) is a step from 1 on, so a "
+                                       "whole number"):
+        load_config(["--config", str(ROOT / "configs" / "test_fp8.yaml"), "--fp8_until=12.5"])
+    assert load_config(["--config", str(ROOT / "configs" / "test_fp8.yaml"),
+                        "--fp8_until=0.8"]).fp8_until == 0.8

@@ -1,18 +1,6 @@
-"""The GPU check (scripts/diagnose_gpu.py, fp8train/diagnose) on this CPU machine, for real, and
-its GPU report from injected numbers.
-
-Run for real here: the whole script as a subprocess (no CUDA: it must say so, exit 0 and write
-its JSON), the import checks (torchao is installed in the test environment, Transformer Engine
-is not), and two of the FP8 GEMM checks themselves: torch._scaled_mm exists on CPU, so the
-native check runs its real GEMMs, and torchao's check runs with torchao's CPU emulation. SDPA's
-kernels and the matmul and copy timings also run on CPU, where they exist there.
-
-Not runnable without a GPU: the TE check, the attention kernels on CUDA and the timed ceilings
-(CUDA events). For those the tests feed made-up measurements of an H100 / A100 into the same
-functions main() uses to judge and print them (verdicts, percentages of metrics.py's peaks).
-Where a test needs a GPU to be there, only CUDA is mocked (torch.cuda's device queries, events
-and synchronisation; a fake nvidia-smi): everything else runs as it does on a GPU machine.
-"""
+"""In-process tests: The GPU check (scripts/diagnose_gpu.py, fp8train/diagnose) on this CPU
+machine, for real, and its GPU report from injected numbers. The whole story, and the tests that
+start processes: tests/e2e/test_diagnose_gpu.py."""
 
 
 import contextlib

@@ -1,7 +1,5 @@
-"""After training: export to transformers, sampling, evaluation of a checkpoint.
-
-Real runs (native and torchao FP8 on the CPU, train_fp8.py in a subprocess), real transformers
-models loaded with AutoModelForCausalLM, real tokenizers; nothing mocked."""
+"""In-process tests: After training: export to transformers, sampling, evaluation of a checkpoint.
+The whole story, and the tests that start processes: tests/e2e/test_export.py."""
 
 
 import pytest

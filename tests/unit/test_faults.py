@@ -1,7 +1,6 @@
-"""Fault injection on real training processes: kill -9 anywhere, corrupt checkpoints, NaN
-losses, failing checkpoint writes, changed configs on resume. Faults are placed with the
-FP8TRAIN_FAULTS hook (tests/support/faults.py, installed by tests/support/train_with_faults.py) or from outside
-(SIGKILL, a file-size limit)."""
+"""In-process tests: Fault injection on real training processes: kill -9 anywhere, corrupt
+checkpoints, NaN losses, failing checkpoint writes, changed configs on resume. Faults are placed
+with the ... The whole story, and the tests that start processes: tests/e2e/test_faults.py."""
 
 
 import torch

@@ -1,6 +1,6 @@
-"""fp8_layers (all | min_size | auto) on CPU. The auto decision, its cache and the agreement
-between ranks take an injected timer here (made-up timings, calls counted); the CUDA timer
-itself needs a GPU (tests/gpu). A real run through train_fp8.py checks the CPU path of auto."""
+"""In-process tests: fp8_layers (all | min_size | auto) on CPU. The auto decision, its cache and
+the agreement between ranks take an injected timer here (made-up timings, calls counted); the
+CUDA ... The whole story, and the tests that start processes: tests/e2e/test_fp8_policy.py."""
 
 
 import json

@@ -1,26 +1,6 @@
-"""FP8 weight all-gather under FSDP2 (key fp8_fsdp_all_gather, torchao tensorwise), proven on
-the real trainer over gloo. This file is also the driver those processes run.
-
-`accelerate launch --config_file accelerate_configs/fsdp_8xh100.yaml --num_processes 2` starts
-2 CPU processes; each runs `fp8train.train.cli.main` twice on the same seed and data: with the default
-(FP8 all-gather on under FSDP2) and with fp8_fsdp_all_gather: false (the weights gathered in
-fp32, then cast to FP8 by each layer).
-
-Mocked, because it cannot exist here: Accelerate shards with FSDP only on CUDA. On a CPU it
-keeps the launch config's FSDP plugin out of its state and runs DDP. The driver puts back, right
-after `Accelerator()` returns, what Accelerate keeps on CUDA: the plugin built from the
-launcher's FSDP_* variables, and the distributed type FSDP. Everything else is real: our
-backend's convert, Accelerate's FSDP2 prepare (fully_shard per Block, its optimizer re-mapping),
-the gloo all-gathers, the training loop, evaluation and the sharded checkpoint.
-
-Observed from outside fp8train, by wrapping library functions that still run:
-- torch.distributed.all_gather_single (what FSDP2 calls): the bytes of every all-gather;
-- torchao's WeightWithDynamicFloat8CastTensor.fsdp_pre_all_gather: whether each FP8 cast of a
-  weight shard had a precomputed scale;
-- TorchAO.after_optimizer_step: how many FP8 casts came before the first optimizer step;
-- Accelerator.prepare and TorchAO.convert: the prepared model and our backend, for the checks
-  after each run (parameters, scales, a rollback's remedy).
-"""
+"""In-process tests of FP8 weight all-gather under FSDP2 (key fp8_fsdp_all_gather, torchao
+tensorwise). The whole story, the two-process runs on the real trainer over gloo and their
+driver: tests/e2e/test_fsdp_fp8.py."""
 
 
 import pytest

@@ -1,15 +1,5 @@
-"""The documentation is tested like code.
-
-- Every command block marked as runnable on a CPU (fenced ```bash cpu) in README.md and
-  docs/*.md runs here as a reader would run it: from the repository root, with bash, its run
-  directories (`runs/...`) moved into a temporary folder. A guide whose command broke fails.
-- Every relative link in README.md and docs/*.md points at a file that exists and, for a
-  `#anchor`, at a heading of that file; every repository path they name (`fp8train/...`,
-  `scripts/...`) exists.
-- docs/config.md is exactly what `python -m fp8train.config.reference` generates from the
-  schema, so it cannot drift from the config.
-- The README's quick-start commands are the ones CI runs, and the README stays a front door.
-"""
+"""In-process tests: The documentation is tested like code. The whole story, and the tests that
+start processes: tests/e2e/test_guides.py."""
 
 
 import re

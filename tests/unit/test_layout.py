@@ -1,7 +1,6 @@
-"""The package's shape, checked from its source: no import cycle (function-level imports
-included), config depends on nothing of the package but errors, no module over 450 lines, and
-every GPU test module collects on a machine without CUDA (a broken import there would only
-show on a GPU)."""
+"""In-process tests: The package's shape, checked from its source: no import cycle (function-level
+imports included), config depends on nothing of the package but errors, no module over 450
+lines, and ... The whole story, and the tests that start processes: tests/e2e/test_layout.py."""
 
 
 import ast

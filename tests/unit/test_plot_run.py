@@ -1,6 +1,7 @@
-"""scripts/plot_run.py and scripts/compare_runs.py on real tiny runs (FP8, stopped and resumed;
-fp32) and on broken inputs. The figures are checked by what they show (lines, labels, axis
-ranges), built by the package's own functions (fp8train.observe.plot) before they are saved."""
+"""In-process tests: scripts/plot_run.py and scripts/compare_runs.py on real tiny runs (FP8,
+stopped and resumed; fp32) and on broken inputs. The figures are checked by what they show
+(lines, labels, ... The whole story, and the tests that start processes:
+tests/e2e/test_plot_run.py."""
 
 
 import json

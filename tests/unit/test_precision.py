@@ -1,6 +1,6 @@
-"""FP8 numerics on CPU: the native Linear against fp32 matmuls, TE's delayed-scaling semantics
-checked step by step against a plain-Python reference, the hybrid format, layer selection, the
-TE recipe as TE's own class builds it, and torchao's conversion."""
+"""In-process tests: FP8 numerics on CPU: the native Linear against fp32 matmuls, TE's delayed-
+scaling semantics checked step by step against a plain-Python reference, the hybrid format,
+layer ... The whole story, and the tests that start processes: tests/e2e/test_precision.py."""
 
 
 import contextlib

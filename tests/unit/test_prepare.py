@@ -1,7 +1,6 @@
-"""The data pipeline: scripts/prepare_data.py on local .jsonl / .parquet / .txt files through
-the real `datasets` code path (no hub), with the byte tokenizer and a BPE tokenizer trained
-here; shard round trips; a killed preparation resumed to byte-identical shards; the loader's
-disjointness, determinism and resume position; and every bad input as one line and exit 2."""
+"""In-process tests: The data pipeline: scripts/prepare_data.py on local .jsonl / .parquet / .txt
+files through the real `datasets` code path (no hub), with the byte tokenizer and a BPE
+tokenizer ... The whole story, and the tests that start processes: tests/e2e/test_prepare.py."""
 
 
 import numpy as np

@@ -1,7 +1,6 @@
-"""profile_steps: a real run records the steps asked for with torch.profiler into
-<output_dir>/profile/, says where once, and keeps those steps out of its throughput.
-(The CUDA memory snapshot needs a GPU: tests/gpu/test_gpu_train.py; what the profiler asks of
-torch for it is checked here, with torch's CUDA memory functions mocked.)"""
+"""In-process tests: profile_steps: a real run records the steps asked for with torch.profiler into
+<output_dir>/profile/, says where once, and keeps those steps out of its throughput. (The CUDA
+... The whole story, and the tests that start processes: tests/e2e/test_profile.py."""
 
 
 

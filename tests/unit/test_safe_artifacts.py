@@ -1,9 +1,7 @@
-"""Checkpoints from an untrusted source: a crafted pickle in any file of a checkpoint (with a
-manifest that matches it, as its author can write one) runs no code on resume (a named
-checkpoint or --resume auto), export, evaluation or sampling: every file loads with safetensors,
-torch.load(weights_only=True) or json, and what is still unpickled without restriction (TE's
-`_extra_state`, DCP metadata and items) is checked first. Real checkpoints of fp32, native-FP8
-and torchao runs and DCP directories pass. Real runs, real payloads."""
+"""In-process tests: Checkpoints from an untrusted source: a crafted pickle in any file of a
+checkpoint (with a manifest that matches it, as its author can write one) runs no code on resume
+(a named ... The whole story, and the tests that start processes:
+tests/e2e/test_safe_artifacts.py."""
 
 
 import pickle

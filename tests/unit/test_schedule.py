@@ -85,7 +85,7 @@ def test_wsd_decay_rounds_up_and_a_whole_decay_is_linear_from_the_peak():
 def test_the_schedule_is_said_in_words():
     assert describe("cosine", 0.1, 6e-4, 0.2, "linear") == "cosine to 0.1 × 0.0006"
     assert describe("wsd", 0.0, 0.02, 0.25, "1-sqrt") == \
-        "stable, then the last 0.25 decaying (1-sqrt) to 0 × 0.02"
+        "wsd (the last 25% decaying, 1-sqrt) to 0 × 0.02"
 
 
 def test_a_runs_config_gives_back_the_schedule_it_followed():
@@ -114,3 +114,10 @@ def test_the_plotted_schedule_prints_the_wsd_turning_points(tmp_path, capsys):
     assert float(values["99"]) == pytest.approx(0.55)      # the decay's middle
     assert float(values["109"]) == pytest.approx(0.1)
     assert out.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+
+
+def test_fp8_until_is_a_fraction_of_the_schedule_or_a_step():
+    from fp8train.train.schedule import fp8_until_step
+    assert fp8_until_step(None, 1000) is None
+    assert fp8_until_step(0.8, 1000) == 800 and fp8_until_step(0.0001, 1000) == 1
+    assert fp8_until_step(750, 1000) == 750 and fp8_until_step(1.0, 1000) == 1

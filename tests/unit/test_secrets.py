@@ -1,6 +1,6 @@
-"""Secrets in the environment never reach the run's files, the console or W&B: the rule for what
-counts as a secret, redaction, and a real training run with W&B offline whose every file is read
-back as bytes."""
+"""In-process tests: Secrets in the environment never reach the run's files, the console or W&B:
+the rule for what counts as a secret, redaction, and a real training run with W&B offline whose
+every ... The whole story, and the tests that start processes: tests/e2e/test_secrets.py."""
 
 
 import dataclasses

@@ -1,10 +1,6 @@
-"""W&B sweeps (run_sweep.py, fp8train/sweep/): sweep-file validation, the local runner end to
-end (real train_fp8.py trials), seeded random sampling, the trial command line (built by
-`local` as wandb's own agent code builds it, the launcher chosen by FP8TRAIN_LAUNCHER), and
-`agent`: W&B's own agent, run for real, starting real trial processes. The only thing stubbed
-anywhere is the W&B server, which cannot be reached here: FakeServer answers the GraphQL
-requests of wandb's public API and agent (wandb.Api is pointed at it), and wandb.sweep is
-replaced for `create`. W&B itself runs with WANDB_MODE=offline."""
+"""In-process tests: W&B sweeps (run_sweep.py, fp8train/sweep/): sweep-file validation, the local
+runner end to end (real train_fp8.py trials), seeded random sampling, the trial command line
+(built by ... The whole story, and the tests that start processes: tests/e2e/test_sweep.py."""
 
 
 import glob
