@@ -94,20 +94,25 @@ class MuonAdamW(torch.optim.AdamW):
         finally:
             self.param_groups = groups
         found_inf = getattr(self, "found_inf", None)
+        # fp16's GradScaler hands fused optimizers the gradients still scaled (grad_scale) when
+        # nothing unscaled them first (gradient clipping does): Muon unscales its own.
+        grad_scale = getattr(self, "grad_scale", None)
         for group in groups:
             if group["muon"]:
                 for p in group["params"]:
                     if p.grad is not None:
-                        self._muon_update(p, group, found_inf)
+                        self._muon_update(p, group, found_inf, grad_scale)
         return loss
 
-    def _muon_update(self, p: torch.Tensor, group: dict, found_inf) -> None:
+    def _muon_update(self, p: torch.Tensor, group: dict, found_inf, grad_scale=None) -> None:
         state = self.state[p]
         if "momentum_buffer" not in state:
             state["momentum_buffer"] = torch.zeros_like(p, memory_format=torch.preserve_format)
             # Steps applied (AdamW's loading of a state dict expects one in every state).
             state["step"] = torch.zeros((), device=p.device)
         buf, grad, lr, mom = state["momentum_buffer"], p.grad, group["lr"], group["momentum"]
+        if grad_scale is not None:
+            grad = grad / grad_scale.to(device=p.device, dtype=grad.dtype)
         scale = lr * math.sqrt(max(1.0, p.shape[0] / p.shape[1]))
         if found_inf is None:
             ok = 1.0

@@ -222,3 +222,29 @@ def test_fp16_with_loss_scaling_trains_on_gpu(tmp_path, bf16_curve):
     rows = train_rows(out)
     assert all(row["train/loss_scale"] > 1 for row in rows)
     assert losses(out)[-1] == pytest.approx(bf16_curve[-1], rel=0.02)
+
+
+@needs_corpus
+@needs_fp8
+@pytest.mark.slow
+@pytest.mark.parametrize("backend", ["native", "torchao", "te"])
+def test_muon_and_the_fp8_until_hand_over_on_gpu(tmp_path, backend):
+    """Muon with each FP8 backend, compiled, with fp8_until handing the last 40% of the schedule
+    to bf16 (the switch recompiles the graphs once): the run finishes with a falling, finite
+    loss, says the hand-over once, and splits its tokens; Muon's orthogonalisation runs in bf16
+    on the GPU (its cost in MFU)."""
+    backend_skip(backend)
+    out = tmp_path / "run"
+    r = run_train(*tiny_args(out, **dict(RUN, optimizer="muon", lr_schedule="wsd",
+                                         min_lr_ratio=0.0)),
+                  "--use_fp8", f"--fp8_backend={backend}", "--fp8_fallback=error",
+                  "--fp8_layers=all", "--compile=true", "--fp8_until=0.6")
+    assert r.returncode == 0, r.stderr[-3000:]
+    assert "optimizer: Muon" in r.stdout
+    assert r.stdout.count("fp8_until: step 60 reached") == 1, r.stdout[-3000:]
+    curve = losses(out)
+    assert all(math.isfinite(x) for x in curve) and curve[-1] < curve[0], curve
+    summary = json.load(open(out / "summary.json"))
+    per_step = 16 * 2 * 128                      # micro 16 × accum 2 (tiny_args) × seq_len
+    assert (summary["tokens_fp8"], summary["tokens_after_fp8"]) == (60 * per_step, 40 * per_step)
+    assert summary["mfu"] is None or summary["mfu"] > 0

@@ -98,3 +98,25 @@ def test_the_first_n_examples_and_a_missing_file(hellaswag_file, tmp_path):
                  hellaswag_path=str(tmp_path / "nope.jsonl"))
     with pytest.raises(BadInput, match="key 'hellaswag_path': .*nope.jsonl' is not a file"):
         check(cfg)
+
+
+def test_without_a_path_the_examples_come_from_the_hub_through_datasets(monkeypatch):
+    """The hub cannot be reached here: datasets.load_dataset is stood in for, answering as the
+    hub's Rowan/hellaswag does (labels as strings), or failing as it does offline."""
+    import datasets
+    asked = []
+
+    def load_dataset(name, split):
+        asked.append((name, split))
+        return [json.loads(line) for line in LINES]
+    monkeypatch.setattr(datasets, "load_dataset", load_dataset)
+    examples = load_examples(None, limit=3)
+    assert asked == [("Rowan/hellaswag", "validation")] and len(examples) == 3
+    assert [e["label"] for e in examples] == [0, 2, 1]
+
+    def offline(name, split):
+        raise ConnectionError("Couldn't reach 'Rowan/hellaswag' on the Hub")
+    monkeypatch.setattr(datasets, "load_dataset", offline)
+    with pytest.raises(BadInput, match="HellaSwag from the hub .Rowan/hellaswag. failed: .*set "
+                                       "hellaswag_path"):
+        load_examples(None)

@@ -154,3 +154,23 @@ def test_muon_is_refused_under_fsdp_in_one_line():
     with pytest.raises(BadInput, match="key 'optimizer': muon orthogonalises whole matrices, "
                                        "which FSDP shards"):
         check_distributed(cfg, "FSDP")
+
+
+def test_gradients_left_scaled_by_fp16s_grad_scaler_are_unscaled_for_muon():
+    """GradScaler gives a fused optimizer its scale (grad_scale) instead of unscaling when
+    nothing unscaled first: Muon's momentum must see the true gradient."""
+    torch.manual_seed(0)
+    w = torch.nn.Parameter(torch.randn(48, 32))
+    ref_w = torch.nn.Parameter(w.detach().clone())
+    ours = MuonAdamW([{"params": [w], "muon": True, "weight_decay": 0.0, "momentum": 0.95}],
+                     lr=0.02, fused=True)
+    ref = torch.optim.Muon([ref_w], lr=0.02, weight_decay=0.0, momentum=0.95)
+    for scale in (1024.0, 4096.0):
+        g = torch.randn(48, 32)
+        w.grad, ref_w.grad = g * scale, g.clone()
+        ours.grad_scale = torch.tensor(scale)
+        ours.step()
+        ref.step()
+        assert torch.allclose(ours.state[w]["momentum_buffer"],
+                              ref.state[ref_w]["momentum_buffer"], rtol=1e-6, atol=1e-7)
+        assert torch.allclose(w, ref_w, atol=1e-6, rtol=0)
