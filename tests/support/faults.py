@@ -21,8 +21,9 @@ knows nothing of this.
     kill@asyncsave:S SIGKILL it from the background writer of step S (checkpoint_async), with
                      the model file written and the optimizer's not yet, once training has
                      gone on past step S+1 (the write is in flight while the run trains)
-    usr1@asyncsave:S send a real SIGUSR1 from there, then hold the write 3 s more: the stop
-                     reaches its wait while the write is still in flight
+    usr1@asyncsave:S send a real SIGUSR1 from there once the loop runs step S+1 (so the stop
+                     is that step's, never the save's own), then hold the write 3 s more: the
+                     stop reaches its wait while the write is still in flight
     (kill@save:S:P also fires in a background write, in the writer thread: its phase `state`
     comes once the model and optimizer files are written.)
     Any entry may end in @rankR to fire on that rank only.
@@ -107,6 +108,7 @@ class Faults:
                 _kill()
             if step in self.usr1["asyncsave"]:
                 self.usr1["asyncsave"].discard(step)
+                self.wait_for_step(step + 1)
                 os.kill(os.getpid(), signal.SIGUSR1)
                 time.sleep(3)
             return
