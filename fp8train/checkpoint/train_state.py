@@ -15,6 +15,7 @@ class TrainState:
         self.rollbacks = 0           # restores of the last checkpoint after max_bad_steps
         self.fp8_margin_added = 0    # remedies of those rollbacks, re-applied on resume
         self.fp8_off = False
+        self.fp8_off_reason = ""     # why a remedy switched FP8 off ("": non-finite steps)
         self.fp8_until_tokens = None  # tokens trained when fp8_until switched FP8 off
         # for the end-of-run report (summary.json), carried across resumes
         self.wall_seconds = 0.0      # wall time of every invocation, up to its last checkpoint
@@ -54,11 +55,13 @@ class TrainState:
 
 
 def _fits(value, default) -> bool:
-    """A flag takes a bool, an int counter an int, a float one any number, the values that are
+    """A flag takes a bool, a text a str, an int counter an int, a float one any number, the values that are
     None until set (best_val_loss, target_step, ...) None or a number."""
     number = isinstance(value, (int, float)) and not isinstance(value, bool)
     if isinstance(default, bool):
         return isinstance(value, bool)
+    if isinstance(default, str):
+        return isinstance(value, str)
     if isinstance(default, int):
         return number and isinstance(value, int)
     if isinstance(default, float):

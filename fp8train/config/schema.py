@@ -212,6 +212,17 @@ class Config:
     fp8_until: Optional[float] = _key(
         None, "FP8 up to this point of the run, the base precision after it (the cool-down): "
         "a fraction of the LR schedule (below 1) or an optimizer step (1 or more)", "fp8", gt=0.0)
+    fp8_check_interval: int = _key(
+        0, "every N optimizer steps, the step's first micro-batch once more with FP8 off (no "
+        "gradients, FP8 state untouched): fp8/loss_gap = FP8 minus high-precision loss (0 = off)",
+        "fp8", min=0, resume="free")
+    fp8_max_loss_gap: float = _key(0.05, "the largest fp8/loss_gap (nats) that is fine", "fp8",
+                                   gt=0.0, resume="free")
+    fp8_gap_window: int = _key(3, "checks in a row above fp8_max_loss_gap before it is warned "
+                               "about (once) or acted on", "fp8", min=1, resume="free")
+    fp8_gap_action: str = _key(
+        "warn", "warn | recover (also apply fp8_recovery's remedy; a gap that outlasts a raised "
+        "margin turns FP8 off)", "fp8", choices=("warn", "recover"), resume="free")
     fp8_recipe: Optional[str] = _key(
         None, "the scaling recipe, per backend (the first is its default): te delayed | current | "
         "block; torchao tensorwise | rowwise | rowwise_with_gw_hp; native delayed | current",

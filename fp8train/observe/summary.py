@@ -47,6 +47,8 @@ def build(facts: dict, st, precision: dict, outcome: dict, fp8=None) -> dict:
         "tokens_fp8": st.fp8_until_tokens,
         "tokens_after_fp8": None if st.fp8_until_tokens is None
         else st.tokens - st.fp8_until_tokens,
+        # fp8_check_interval: checks, last, mean and largest FP8 - high-precision loss
+        "fp8_loss_gap": outcome.get("fp8_loss_gap"),
         "model": facts["model"], "n_params": facts["n_params"],
         "skipped_steps": st.skipped_steps, "rollbacks": st.rollbacks,
         "checkpoints_written": st.checkpoints_written,
@@ -83,6 +85,11 @@ def describe(s: dict) -> list[str]:
     if s.get("tokens_fp8") is not None:
         lines.append(f"summary: {s['tokens_fp8']:,} tokens trained in FP8, then "
                      f"{s['tokens_after_fp8']:,} in {s['precision']} (fp8_until)")
+    gap = s.get("fp8_loss_gap")
+    if gap:
+        lines.append(f"summary: FP8 - {s['precision']} loss on the same batch: last "
+                     f"{gap['last']:+.4f}, mean {num(gap['mean'], '+.4f')}, largest "
+                     f"{num(gap['max'], '+.4f')} nats ({gap['checks']} checks)")
     if s["target_val_loss"] is not None:
         t = s["target_val_loss"]
         lines.append(

@@ -225,6 +225,7 @@ class Fp8Backend(Precision):
         self.recorder = None
         self.disabled = False     # FP8 switched off by a recovery: high precision from then on
         self.handed_over = False  # ... by fp8_until
+        self.off_reason = "after non-finite steps (fp8_recovery)"   # why, once disabled
         self.margin_added = 0
         self.tokens: Optional[int] = None   # set_tokens; None: fp8_layers auto times nothing
         self.info: Callable[[str], None] = lambda msg: None
@@ -343,7 +344,7 @@ class Fp8Backend(Precision):
     def derived(self) -> dict:
         emulated = " (emulated on CPU)" if self.emulate else ""
         off = f" (until fp8_until, then {self.base.name})" if self.handed_over else \
-            " (switched off after non-finite steps)" if self.disabled else ""
+            f" (switched off {self.off_reason})" if self.disabled else ""
         return {"precision": self.base.name, "fp8": self.label + emulated + off,
                 "fp8_recipe": self.cfg.fp8_recipe,
                 "fp8_layers": len(self.selection.chosen), "fp8_layer_policy": self.layer_policy,

@@ -48,7 +48,8 @@ class Fp8Facts:
     base: str = "bf16"                  # the base precision (what bf16 means on this device)
     fallback: Optional[str] = None      # FP8 could not run: why (fp8_fallback: bf16)
     emulated: bool = False              # CPU: FP8 GEMMs emulated, nothing timed
-    disabled: bool = False              # switched off by a recovery (fp8_recovery)
+    disabled: bool = False              # switched off by a remedy, or by fp8_until
+    off_reason: str = "after non-finite steps (fp8_recovery)"
     converted: dict = field(default_factory=dict)   # name -> (in, out, bias)
     total_linears: int = 0
     layer_policy: str = ""              # what fp8_layers did (config.yaml's fp8_layer_policy)
@@ -83,6 +84,8 @@ def facts_of(prec, model) -> Fp8Facts:
     return Fp8Facts(asked=True, label=prec.label, recipe=getattr(prec.cfg, "fp8_recipe", None),
                     base=prec.base.name, emulated=bool(prec.emulate),
                     disabled=bool(prec.disabled), converted=converted,
+                    off_reason="at fp8_until, for the cool-down" if prec.handed_over
+                    else prec.off_reason,
                     total_linears=sel.total if sel is not None else 0,
                     layer_policy=str(prec.layer_policy),
                     timings=dict(timings) if timings else None,
@@ -179,9 +182,9 @@ def verdict(f: Fp8Facts, flops_per_token: float, tokens_per_sec: Optional[float]
         return dict(out, status="emulated", note="FP8 emulated on CPU (numerics only): no "
                     "speed-up measured or claimed")
     if f.disabled:
-        return dict(out, status="switched_off", note="FP8 was switched off after non-finite "
-                    f"steps (fp8_recovery): the converted layers computed in {f.base} from then "
-                    "on, so this run's tokens/s is not FP8's: no speed-up claimed")
+        return dict(out, status="switched_off", note=f"FP8 was switched off {f.off_reason}: "
+                    f"the converted layers computed in {f.base} from then on, so this run's "
+                    "tokens/s is not FP8's: no speed-up claimed")
     gemm = converted_gemm_seconds(f.timings, counts) if f.timings else None
     gain = gemm[0] / gemm[1] if gemm and gemm[1] > 0 else None
     if f.timings:

@@ -43,6 +43,7 @@ from .health import Health
 from .optimizer import build_optimizer, check_distributed
 from .optimizer import describe as describe_optimizer
 from .optimizer import muon_flops_per_step
+from .fp8_check import LossGapCheck
 from .recovery import Recovery
 from .schedule import describe as describe_schedule
 from .schedule import fp8_until_step, scaled_lr
@@ -119,6 +120,7 @@ class Parts:
     meter: Meter
     wall: WallClock
     profiler: StepProfiler
+    gap_check: LossGapCheck   # fp8_check_interval
 
 
 @dataclass
@@ -203,7 +205,7 @@ def build(cfg: Config, state, log: Logger, requests: StopRequests) -> Optional[R
                         acc.device),
                   WallClock(train_state.wall_seconds),
                   StepProfiler(cfg.profile_steps, run_dir, acc.device, acc.process_index, log,
-                               tracker))
+                               tracker), LossGapCheck(cfg, prec, log, acc.device))
     log.start_progress(feed.sched.total_steps, train_state.step,
                        mfu_label=" of bf16 peak" if prec.fp8 else "")
     facts = dict(derived, model=cfg.model, target_val_loss=cfg.target_val_loss,
@@ -381,6 +383,8 @@ def _restore(acc, manager: CheckpointManager, checkpoint, st: TrainState, prec: 
         raise BadInput(f"cannot resume from '{checkpoint}': it does not match this "
                           f"run's model or optimizer ({one_line(e)})") from None
     prec.reapply(st.fp8_margin_added, st.fp8_off, st.fp8_until_tokens is not None)
+    if st.fp8_off_reason and prec.fp8:
+        prec.off_reason = st.fp8_off_reason
     if st.rollbacks:
         log.msg(f"this run restored a checkpoint {st.rollbacks} time(s) after non-finite "
                 f"steps; precision now: {prec.describe()}")

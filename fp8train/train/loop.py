@@ -180,15 +180,21 @@ class Trainer:
         if watched:
             net.prec.watch(True)  # scale statistics on logged steps only
         step_ce = step_penalty = 0.0
+        check = self.parts.gap_check if self.parts.gap_check.due(st.step + 1) else None
+        gap = None
         for _ in range(plan.accum):   # this rank's slice of the step, one micro-batch at a time
             t_wait = time.perf_counter()
             x, y = self.batches.next()
             self.parts.meter.waited(time.perf_counter() - t_wait)
             x = x.to(self.acc.device, non_blocking=True)
             y = y.to(self.acc.device, non_blocking=True)
+            if check is not None and gap is None:   # fp8_check_interval: the first micro-batch
+                check.high_precision(lambda a, b: step_loss(net, a, b), x, y)
             with self.acc.accumulate(net.model):  # no_sync except on the last micro-step
                 with net.prec.forward_context(training=True):
                     loss, ce, penalty = step_loss(net, x, y)
+                if check is not None and gap is None:
+                    gap = check.gap_tensor(ce)
                 self.acc.backward(loss)            # divides by the accumulation steps
             net.prec.after_backward()
             step_ce = step_ce + ce.detach()
@@ -204,6 +210,8 @@ class Trainer:
         st.tokens += self.feed.tokens_per_step
         st.data_position += plan.effective
         self.parts.meter.stepped()
+        if gap is not None:   # one host read per check, on every rank (its cost is training's)
+            self.log.log(check.report(*self.acc.reduce(gap, "mean").tolist(), st))
         return lr, grad_norm
 
     def after_log_step(self, lr: float, grad_norm) -> bool:
@@ -305,7 +313,8 @@ class Trainer:
             if device.type == "cuda" else None
         report = summary.build(self.run.facts, st, self.net.prec.derived(), dict(
             status=status, exit_code=exit_code, final_val=p.evaluator.final,
-            latest_checkpoint=p.checkpointer.latest(), peak_memory_gb=peak_mem),
+            latest_checkpoint=p.checkpointer.latest(), peak_memory_gb=peak_mem,
+            **p.gap_check.summary()),
             fp8=self.fp8_facts())
         for line in summary.describe(report):
             self.log.msg(line)

@@ -16,7 +16,8 @@ SUMMARY_KEYS = {
     "tokens_to_target", "step_at_target", "target_gap", "wall_time_s", "train_time_s",
     "tokens_per_sec", "mfu", "steady_state_tokens", "peak_memory_gb", "batch", "precision",
     "fp8", "fp8_layers_converted", "model", "n_params", "skipped_steps", "rollbacks",
-    "checkpoints_written", "latest_checkpoint", "fp8_verdict", "tokens_fp8", "tokens_after_fp8"}
+    "checkpoints_written", "latest_checkpoint", "fp8_verdict", "tokens_fp8", "tokens_after_fp8",
+    "fp8_loss_gap"}
 
 
 def _rows(run):

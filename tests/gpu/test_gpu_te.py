@@ -181,3 +181,50 @@ def test_te_margin_remedy_is_used_by_the_next_scale_update():
             check(before, _snapshot(backend), margin=1, k=k)
     finally:
         manager.reset()   # forget this model in TE's process-wide amax buffers
+
+
+def test_the_loss_gap_check_leaves_tes_amax_history_alone():
+    """fp8_check_interval's forward (train/fp8_check.py) between two training steps of three TE
+    Linears under delayed scaling: every layer's amax history and scales are bit for bit what
+    they were, the layers still mark their FP8 state for the checkpoint, and the check's loss
+    differs from the FP8 forward's by little (the same inputs and weights)."""
+    from torch import nn
+
+    from fp8train.config.load import Config
+    from fp8train.precision import build_precision
+    from fp8train.train.fp8_check import LossGapCheck
+    dev = torch.device("cuda")
+    cfg = Config(use_fp8=True, fp8_backend="te", fp8_fallback="error", fp8_layers="all",
+                 fp8_check_interval=1)
+    backend = build_precision(cfg, dev, warn=pytest.fail)
+    torch.manual_seed(0)
+    model = backend.convert(nn.Sequential(nn.Linear(256, 256), nn.GELU(),
+                                          nn.Linear(256, 256)).to(dev))
+    x, target = torch.randn(128, 256, device=dev), torch.randn(128, 256, device=dev)
+
+    def loss_fn(a, b):
+        with torch.autocast("cuda", dtype=torch.bfloat16):
+            loss = nn.functional.mse_loss(model(a).float(), b)
+        return loss, loss, None
+
+    manager = te_state_manager()
+    try:
+        for _ in range(2):
+            with backend.forward_context(training=True):
+                loss_fn(x, target)[0].backward()
+            backend.after_backward()
+        before = _snapshot(backend)
+        check = LossGapCheck(cfg, backend, None, dev)
+        check.high_precision(loss_fn, x, target)
+        after = _snapshot(backend)
+        for name in before:
+            for key in ("scaling_fwd", "scaling_bwd"):
+                assert all(a.equal(b) for a, b in zip(before[name][key], after[name][key])), \
+                    (name, key)
+        assert all(m.fp8_meta["fp8_checkpoint"] for m in backend.modules.values())
+        with torch.no_grad(), backend.forward_context(training=True):
+            fp8 = loss_fn(x, target)[1]
+        gap, high = check.gap_tensor(fp8).tolist()
+        assert abs(gap) < 0.05 * high, (gap, high)
+    finally:
+        manager.reset()

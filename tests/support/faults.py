@@ -26,6 +26,8 @@ knows nothing of this.
                      stop reaches its wait while the write is still in flight
     (kill@save:S:P also fires in a background write, in the writer thread: its phase `state`
     comes once the model and optimizer files are written.)
+    broken_fp8@M     the native backend's FP8 deliberately broken: E5M2 in the forward too,
+                     and M more bits of margin than fp8_margin (values underflow to zero)
     Any entry may end in @rankR to fire on that rank only.
 """
 from __future__ import annotations
@@ -48,6 +50,7 @@ class Faults:
         self.kill_async: set[int] = set()
         self.usr1: dict[str, set[int]] = {"step": set(), "eval": set(), "save": set(),
                                           "asyncsave": set()}
+        self.broken_fp8: "int | None" = None
         self.current_step = 0   # the optimizer step the loop is running (install_step_faults)
         for entry in filter(None, (e.strip() for e in spec.split(","))):
             parts = entry.split("@")
@@ -72,6 +75,8 @@ class Faults:
                 self.kill_async.add(int(where[10:]))
             elif what == "fail" and where.startswith("save:"):
                 self.fail_save.add(int(where[5:]))
+            elif what == "broken_fp8":
+                self.broken_fp8 = int(where)
             elif what == "usr1" and where.partition(":")[0] in self.usr1:
                 place, _, step = where.partition(":")
                 self.usr1[place].add(int(step))
@@ -140,6 +145,8 @@ def install(faults: "Faults | None") -> None:
         return
     install_step_faults(faults)
     install_save_faults(faults)
+    if faults.broken_fp8 is not None:
+        install_broken_fp8(faults.broken_fp8)
     from fp8train.evaluate.evaluator import Evaluator
     _wrap(Evaluator, "run", before=lambda self, model, st, *_, **__: faults.signal("eval", st.step))
 
@@ -201,3 +208,14 @@ def install_save_faults(faults, setattr_=setattr) -> None:
           faults.in_save(step, "model", tmp))
     _wrap(M, "_write_optimizer_copy", setattr_, after=lambda self, tmp, step, *_:
           faults.in_save(step, "state", tmp))
+
+
+def install_broken_fp8(extra_margin: int) -> None:
+    """broken_fp8@M: native FP8 with E5M2 (2 mantissa bits) for inputs and weights, and every
+    scale 2^M smaller than fp8_margin makes it."""
+    from fp8train.precision import native
+    from fp8train.precision.scaling import E5M2
+    native.FORMATS = dict(native.FORMATS, hybrid=(E5M2, E5M2))
+    update = native.update_delayed_scaling
+    native.update_delayed_scaling = lambda history, scale, fp8_max, margin, algo: update(
+        history, scale, fp8_max, margin + extra_margin, algo)

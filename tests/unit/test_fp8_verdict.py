@@ -89,6 +89,8 @@ def test_what_is_not_known_is_not_claimed():
 @pytest.mark.parametrize("facts, status, says", [
     (dict(emulated=True), "emulated", "emulated on CPU"),
     (dict(disabled=True), "switched_off", "switched off after non-finite steps"),
+    (dict(disabled=True, off_reason="at fp8_until, for the cool-down"), "switched_off",
+     "switched off at fp8_until, for the cool-down"),
     (dict(converted={}), "no_layers", "converted none of the 4 Linear layers"),
 ])
 def test_emulated_switched_off_or_empty_fp8_claims_no_speed_up(facts, status, says):
