@@ -39,11 +39,11 @@ from ..observe.metrics import Meter, WallClock, device_name, peak_note
 from ..observe.profiling import StepProfiler
 from ..observe.tracking import Tracker, environment, sweep_run_id
 from ..precision import Precision, build_precision
+from .fp8_check import LossGapCheck
 from .health import Health
 from .optimizer import build_optimizer, check_distributed
 from .optimizer import describe as describe_optimizer
 from .optimizer import muon_flops_per_step
-from .fp8_check import LossGapCheck
 from .recovery import Recovery
 from .schedule import describe as describe_schedule
 from .schedule import fp8_until_step, scaled_lr
