@@ -198,8 +198,10 @@ class Config:
                       resume="free")
     # --- fp8 ------------------------------------------------------------------------------------
     use_fp8: bool = _key(False, "train the large Linears in FP8 (H100/H200)", "fp8")
-    fp8_backend: str = _key("te", "te | torchao | native", "fp8",
-                            choices=("te", "torchao", "native"))
+    fp8_backend: str = _key(
+        "te", "te | torchao | native | auto (each installed one's recipes timed on the GPU: the "
+        "fastest whose numerics pass; native on a CPU)", "fp8",
+        choices=("te", "torchao", "native", "auto"))
     fp8_format: str = _key("hybrid", "hybrid (E4M3 forward, E5M2 gradients) | e4m3", "fp8",
                            choices=("hybrid", "e4m3"))
     fp8_margin: int = _key(0, "scale = fp8_max / amax / 2^margin", "fp8", min=0, max=16)
@@ -225,8 +227,9 @@ class Config:
         "margin turns FP8 off)", "fp8", choices=("warn", "recover"), resume="free")
     fp8_recipe: Optional[str] = _key(
         None, "the scaling recipe, per backend (the first is its default): te delayed | current | "
-        "block; torchao tensorwise | rowwise | rowwise_with_gw_hp; native delayed | current",
-        "fp8", choices=tuple(dict.fromkeys(r for rs in FP8_RECIPES.values() for r in rs)))
+        "block; torchao tensorwise | rowwise | rowwise_with_gw_hp; native delayed | current; "
+        "auto (timed on the GPU: the fastest whose numerics pass; the default on a CPU)", "fp8",
+        choices=tuple(dict.fromkeys(r for rs in FP8_RECIPES.values() for r in rs)) + ("auto",))
     fp8_fsdp_all_gather: Optional[bool] = _key(
         None, "FSDP2 with torchao tensorwise: all-gather the weights in FP8 (half the bytes of "
         "bf16); default on there, false gathers in bf16", "fp8", resume="free")
@@ -333,7 +336,8 @@ class Config:
             object.__setattr__(self, "eval_interval",
                                500 if self.target_val_loss is not None else 1000)
         if self.fp8_recipe is None:      # the backend's own default recipe
-            object.__setattr__(self, "fp8_recipe", FP8_RECIPES[self.fp8_backend][0])
+            object.__setattr__(self, "fp8_recipe",
+                               FP8_RECIPES.get(self.fp8_backend, ("auto",))[0])
 
 
 # Keys a later part of the pipeline writes into config.yaml; accepted (and ignored) on load so

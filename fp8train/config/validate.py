@@ -65,6 +65,14 @@ def validate(cfg: Config) -> None:
 
 def _check_fp8_recipe(cfg: Config, err) -> None:
     backend, recipe = cfg.fp8_backend, cfg.fp8_recipe
+    if backend == "auto" and recipe != "auto":
+        err(f"key 'fp8_recipe' is '{recipe}', but fp8_backend is 'auto', which chooses the "
+            "recipe too; remove fp8_recipe (or name the backend)", "fp8_recipe", "fp8_backend")
+    if cfg.fp8_fsdp_all_gather and recipe == "auto":
+        err("key 'fp8_fsdp_all_gather' needs fp8_backend torchao with fp8_recipe tensorwise, "
+            "named (not auto); remove it", "fp8_fsdp_all_gather", "fp8_recipe")
+    if recipe == "auto":   # the delayed-scaling keys apply to the delayed recipes it times
+        return
     accepted = FP8_RECIPES[backend]
     if recipe not in accepted:
         legacy = " (a config.yaml written by an older fp8train recorded torchao's default " \

@@ -49,6 +49,8 @@ def build(facts: dict, st, precision: dict, outcome: dict, fp8=None) -> dict:
         else st.tokens - st.fp8_until_tokens,
         # fp8_check_interval: checks, last, mean and largest FP8 - high-precision loss
         "fp8_loss_gap": outcome.get("fp8_loss_gap"),
+        # fp8_recipe / fp8_backend auto: the recipe chosen and the table behind it
+        "fp8_choice": precision.get("fp8_choice"),
         "model": facts["model"], "n_params": facts["n_params"],
         "skipped_steps": st.skipped_steps, "rollbacks": st.rollbacks,
         "checkpoints_written": st.checkpoints_written,
@@ -85,6 +87,12 @@ def describe(s: dict) -> list[str]:
     if s.get("tokens_fp8") is not None:
         lines.append(f"summary: {s['tokens_fp8']:,} tokens trained in FP8, then "
                      f"{s['tokens_after_fp8']:,} in {s['precision']} (fp8_until)")
+    choice = s.get("fp8_choice")
+    if choice and choice.get("chosen"):
+        timed = len([t for t in choice["table"] if t.get("seconds") is not None])
+        lines.append(f"summary: FP8 recipe {choice['chosen']} (fp8 auto: "
+                     + (f"the fastest of {timed} timed whose numerics passed)" if timed else
+                        f"{choice.get('note', 'nothing timed')})"))
     gap = s.get("fp8_loss_gap")
     if gap:
         lines.append(f"summary: FP8 - {s['precision']} loss on the same batch: last "

@@ -14,17 +14,11 @@ import torch
 
 from ..config.load import Config
 from ..errors import BadInput
+from .backends import fp8_backends
 from .base import Precision
 from .plain import BF16, FP16, FP32
 
 BASE = {"fp32": FP32, "bf16": BF16, "fp16": FP16}
-
-
-def _fp8_backends() -> dict:
-    from .ao import TorchAO
-    from .native import Native
-    from .te import TransformerEngine
-    return {"te": TransformerEngine, "torchao": TorchAO, "native": Native}
 
 
 def base_precision(cfg: Config, device: torch.device) -> Precision:
@@ -48,7 +42,9 @@ def build_precision(cfg: Config, device: torch.device, warn: Callable[[str], Non
     base = base_precision(cfg, device)
     if not cfg.use_fp8:
         return base
-    backend = _fp8_backends()[cfg.fp8_backend](cfg, base, run_dir)
+    from .choose import provisional   # fp8 auto: a backend to start with (choose.py decides)
+    cfg = provisional(cfg, _runs_here(cfg, base, device))
+    backend = fp8_backends()[cfg.fp8_backend](cfg, base, run_dir)
     reason = backend.unavailable(device)
     if reason is None:
         return backend
@@ -61,6 +57,22 @@ def build_precision(cfg: Config, device: torch.device, warn: Callable[[str], Non
          f"in {base.name} (fp8_fallback: bf16; set fp8_fallback: error to stop instead)")
     base.fallback_from = f"{cfg.fp8_backend}: {reason}"
     return base
+
+
+def _runs_here(cfg: Config, base: Precision, device: torch.device) -> Callable[[str], bool]:
+    """Whether an FP8 backend (with its default recipe) runs on `device`: on a GPU only, since
+    on a CPU fp8_backend auto takes native, FP8 being emulated whatever the backend."""
+    from .choose import AUTO_RECIPES, concrete
+
+    def runs(name: str) -> bool:
+        if device.type != "cuda":
+            return False
+        backend = fp8_backends()[name](concrete(cfg, name, AUTO_RECIPES[name][0]), base)
+        try:
+            return backend.unavailable(device) is None
+        except Exception:  # e.g. a format the default recipe refuses (a BadInput)
+            return False
+    return runs
 
 
 __all__ = ["Precision", "build_precision", "base_precision", "BASE"]

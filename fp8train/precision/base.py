@@ -226,6 +226,7 @@ class Fp8Backend(Precision):
         self.disabled = False     # FP8 switched off by a recovery: high precision from then on
         self.handed_over = False  # ... by fp8_until
         self.off_reason = "after non-finite steps (fp8_recovery)"   # why, once disabled
+        self.fp8_choice: Optional[dict] = None   # fp8 auto's choice and table (choose.py)
         self.margin_added = 0
         self.tokens: Optional[int] = None   # set_tokens; None: fp8_layers auto times nothing
         self.info: Callable[[str], None] = lambda msg: None
@@ -346,7 +347,8 @@ class Fp8Backend(Precision):
         off = f" (until fp8_until, then {self.base.name})" if self.handed_over else \
             f" (switched off {self.off_reason})" if self.disabled else ""
         return {"precision": self.base.name, "fp8": self.label + emulated + off,
-                "fp8_recipe": self.cfg.fp8_recipe,
+                "fp8_backend": self.label, "fp8_recipe": self.cfg.fp8_recipe,
+                **({"fp8_choice": self.fp8_choice} if self.fp8_choice else {}),
                 "fp8_layers": len(self.selection.chosen), "fp8_layer_policy": self.layer_policy,
                 "fp8_layer_names": list(self.selection.chosen)}
 

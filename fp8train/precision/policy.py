@@ -165,6 +165,14 @@ def cache_key(device: str, backend: str, settings: dict, base: str, versions: di
                 versions=versions, tokens=tokens, shapes=sorted(list(s) for s in shapes))
 
 
+def layer_cache_key(backend, device: torch.device, tokens: int, shapes) -> dict:
+    """The cache key of `backend`'s timings of `shapes` at `tokens` on `device` (also what
+    fp8 auto's trials are cached under: the chosen one's layer decision then times nothing)."""
+    device_name = torch.cuda.get_device_name(device) if device.type == "cuda" else device.type
+    return cache_key(device_name, backend.cfg.fp8_backend, backend_settings(backend),
+                     backend.base.name, versions(backend.cfg.fp8_backend), tokens, shapes)
+
+
 def read_cache(path: str, key: dict) -> Optional[dict]:
     """shape -> (base s, fp8 s) stored under `key`, or None (no file, other key, damaged)."""
     entry = read_entry(path, key)
@@ -238,9 +246,7 @@ def layer_decision(backend, model: nn.Module) -> dict:
         return {}
     tokens, label = backend.tokens, backend.label
     timer = backend.timer or cuda_timer(backend, device, tokens)
-    device_name = torch.cuda.get_device_name(device) if device.type == "cuda" else device.type
-    key = cache_key(device_name, backend.cfg.fp8_backend, backend_settings(backend),
-                    backend.base.name, versions(backend.cfg.fp8_backend), tokens, counts)
+    key = layer_cache_key(backend, device, tokens, counts)
     rank, world = rank_world()
     keep, measured = decide(counts, key, cache_path(backend.cfg, backend.run_dir), timer,
                             backend.cfg.fp8_auto_margin, backend.base.name, label, tokens,

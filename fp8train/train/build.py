@@ -39,6 +39,7 @@ from ..observe.metrics import Meter, WallClock, device_name, peak_note
 from ..observe.profiling import StepProfiler
 from ..observe.tracking import Tracker, environment, sweep_run_id
 from ..precision import Precision, build_precision
+from ..precision.choose import choose as choose_fp8
 from .fp8_check import LossGapCheck
 from .health import Health
 from .optimizer import build_optimizer, check_distributed
@@ -171,6 +172,7 @@ def build(cfg: Config, state, log: Logger, requests: StopRequests) -> Optional[R
                             dict(data=data_id, effective_batch_size=plan.effective),
                             cfg.allow_config_change, cfg.source, log)
     net, n_params, flops_per_token = _net(cfg, mcfg, prec, acc, batch, checkpoint, log)
+    prec = net.prec   # fp8 auto: the chosen recipe's backend
     train_state = TrainState()
     # Same init everywhere (seeded above); from here on dropout masks differ per rank. A resume
     # then restores each rank's RNG state from the checkpoint.
@@ -345,6 +347,10 @@ def _net(cfg: Config, mcfg, prec: Precision, acc, batch: BatchDecision, checkpoi
             f"({model.num_params(exclude_embeddings=True) / 1e6:.2f}M non-embedding), "
             f"vocab {mcfg.vocab_size:,} padded to {mcfg.padded_vocab_size:,}")
     prec.set_tokens(batch.plan.micro * cfg.seq_len, log.msg)  # fp8_layers auto times this size
+    saved = saved_derived(checkpoint) if checkpoint is not None else None
+    run_dir = getattr(prec, "run_dir", None)
+    prec = choose_fp8(cfg, prec, model.to(acc.device), saved, log.msg, log.warn,
+                      lambda c: build_precision(c, acc.device, log.warn, run_dir), run_dir)
     if checkpoint is not None and prec.fp8:
         prec.resume_layers(saved_derived(checkpoint))
     model = prec.convert(model.to(acc.device))

@@ -252,8 +252,7 @@ def test_muon_and_the_fp8_until_hand_over_on_gpu(tmp_path, backend):
 
 @needs_corpus
 @needs_fp8
-@quick
-@pytest.mark.parametrize("backend", ["native", "torchao", "te"])
+@pytest.mark.parametrize("backend", [pytest.param("native", marks=quick), "torchao", "te"])
 def test_the_loss_gap_check_on_gpu(tmp_path, backend, fp8_run):
     """fp8_check_interval 10, compiled (the check's bf16 forward is a graph of its own): ten
     rows of fp8/loss_gap, each under 1% of the loss, and the training curve that of the same run
@@ -271,3 +270,33 @@ def test_the_loss_gap_check_on_gpu(tmp_path, backend, fp8_run):
     assert all(abs(g["fp8/loss_gap_rel"]) < 0.01 for g in gaps), gaps
     for a, b in zip(losses(out), losses(base)):
         assert a == pytest.approx(b, rel=0.01)
+
+
+@needs_corpus
+@needs_fp8
+@pytest.mark.parametrize("backend", [pytest.param("native", marks=quick), "torchao", "te",
+                                     "auto"])
+def test_fp8_recipe_auto_times_the_recipes_and_runs_the_chosen_one(tmp_path, backend):
+    """fp8_recipe auto (fp8_backend auto: every installed backend), compiled: each candidate is
+    timed (a line of the table each, TE's block either timed or said not to run), the chosen
+    recipe is the one config.yaml and summary.json record and the run trains with it; a second
+    run in the same directory reads every timing from the cache."""
+    if backend != "auto":
+        backend_skip(backend)
+    out = tmp_path / "run"
+    args = [*tiny_args(out, **dict(RUN, max_steps=20)), "--use_fp8",
+            f"--fp8_backend={backend}", "--fp8_recipe=auto", "--fp8_fallback=error",
+            "--compile=true"]
+    r = run_train(*args)
+    assert r.returncode == 0, r.stderr[-3000:]
+    rows = [line for line in r.stdout.splitlines() if line.startswith("  ") and "ms (" in line]
+    assert rows, r.stdout[-3000:]
+    chosen = json.load(open(out / "summary.json"))["fp8_choice"]["chosen"]
+    assert chosen and f"fp8 auto: {chosen} chosen" in r.stdout
+    derived = yaml.safe_load(open(out / "config.yaml"))["derived"]
+    assert f"{derived['fp8_backend']} {derived['fp8_recipe']}" == chosen
+    r = run_train(*args[:-1], "--compile=true", f"--output_dir={tmp_path / 'again'}",
+                  f"--batch_cache_dir={out}")
+    assert r.returncode == 0, r.stderr[-3000:]
+    again = [line for line in r.stdout.splitlines() if line.startswith("  ") and "ms (" in line]
+    assert again and all(", cached)" in line for line in again), r.stdout[-3000:]

@@ -1,0 +1,174 @@
+"""fp8train/precision/choose.py (fp8_recipe: auto, fp8_backend: auto) on CPU. The candidates,
+their availability, the cache, the table and the choice are real; the timings are injected (a
+CPU timing of emulated FP8 means nothing), and so are the numerics where a test needs a given
+verdict. The real numerics check runs on CPU too, emulated: a sound recipe passes, a
+deliberately broken one does not."""
+import json
+
+import pytest
+import torch
+from support.precision_shared import tiny_model
+
+from fp8train.config.load import Config
+from fp8train.errors import BadInput
+from fp8train.precision import build_precision
+from fp8train.precision.choose import (MAX_GRAD_ERROR, MAX_OUTPUT_ERROR, choose, cuda_numerics,
+                                       provisional, step_seconds)
+
+CPU = torch.device("cpu")
+# native delayed 2 ms per shape, current 1 ms; torchao tensorwise 1.5, rowwise 0.5; bf16 3 ms
+SECONDS = {("native", "delayed"): 2e-3, ("native", "current"): 1e-3,
+           ("torchao", "tensorwise"): 1.5e-3, ("torchao", "rowwise"): 0.5e-3}
+GOOD = (0.03, 0.07)
+
+
+class Log:
+    def __init__(self):
+        self.lines, self.warnings = [], []
+
+
+def run_choose(tmp_path, numerics=None, saved=None, seconds=SECONDS, **cfg):
+    """choose() for the tiny model with injected timings (SECONDS per shape, bf16 3 ms) and
+    numerics (GOOD unless `numerics` maps (backend, recipe) to other errors)."""
+    config = Config(use_fp8=True, output_dir=str(tmp_path), fp8_layers="all", **cfg)
+    prec = build_precision(config, CPU, warn=pytest.fail, run_dir=str(tmp_path))
+    prec.set_tokens(4 * 64)
+    timed = []
+
+    def timer_for(backend):
+        key = (backend.cfg.fp8_backend, backend.cfg.fp8_recipe)
+
+        def time_shape(shape):
+            timed.append((key, shape))
+            return 3e-3, seconds[key]
+        return time_shape
+
+    def numerics_for(backend):
+        return (numerics or {}).get((backend.cfg.fp8_backend, backend.cfg.fp8_recipe), GOOD)
+
+    log = Log()
+    out = choose(config, prec, tiny_model(n_layer=2), saved, log.lines.append,
+                 log.warnings.append, lambda c: build_precision(c, CPU, pytest.fail),
+                 str(tmp_path), timer_for=timer_for, numerics_for=numerics_for)
+    return out, log, timed
+
+
+def test_the_fastest_recipe_of_the_backend_is_chosen_and_its_timings_cached(tmp_path):
+    """native, fp8_recipe auto: delayed and current timed over the model's 4 distinct shapes;
+    current is twice as fast and chosen; the backend returned runs it; the table is in the log
+    and in the derived values; a second start reads every timing from the cache."""
+    prec, log, timed = run_choose(tmp_path, fp8_backend="native", fp8_recipe="auto")
+    assert (prec.label, prec.cfg.fp8_recipe) == ("native", "current")
+    assert len(timed) == 8 and {k for k, _ in timed} == {("native", "delayed"),
+                                                          ("native", "current")}
+    assert "fp8 auto: native current chosen" in log.lines
+    rows = [line for line in log.lines if line.startswith("  native")]
+    assert "slower: 2.00x the chosen one's time" in rows[0] and rows[1].endswith("chosen")
+    choice = prec.fp8_choice
+    assert choice["chosen"] == "native current" and len(choice["table"]) == 2
+    assert choice["table"][1]["seconds"] == pytest.approx(4 * 1e-3 * 2)  # 4 shapes × 2 layers
+    assert prec.tokens == 256
+    cache = json.loads((tmp_path / "fp8_layers.json").read_text())
+    assert len(cache["entries"] if "entries" in cache else cache) >= 2
+    again, log, timed = run_choose(tmp_path, fp8_backend="native", fp8_recipe="auto")
+    assert not timed and again.cfg.fp8_recipe == "current"
+    assert all(", cached)" in line for line in log.lines if line.startswith("  native"))
+
+
+def test_a_faster_recipe_whose_numerics_fail_loses_to_a_slower_sound_one(tmp_path):
+    bad = {("native", "current"): (0.5, 0.9)}
+    prec, log, _ = run_choose(tmp_path, bad, fp8_backend="native", fp8_recipe="auto")
+    assert prec.cfg.fp8_recipe == "delayed"
+    row = next(line for line in log.lines if line.startswith("  native current"))
+    assert f"numerics: output error 50.0% (at most {MAX_OUTPUT_ERROR:.0%})" in row
+    assert f"gradient 90.0% (at most {MAX_GRAD_ERROR:.0%})" in row
+
+
+def test_fp8_backend_auto_weighs_every_backend_and_lists_the_ones_that_cannot_run(tmp_path):
+    """fp8_backend auto: TE cannot run on this machine (listed with its reason, three recipes),
+    torchao and native are timed; torchao rowwise is fastest and the returned backend is
+    torchao's."""
+    prec, log, timed = run_choose(tmp_path, fp8_backend="auto")
+    assert (prec.label, prec.cfg.fp8_recipe) == ("torchao", "rowwise")
+    te_rows = [line for line in log.lines if line.startswith("  te ")]
+    assert len(te_rows) == 3 and all("cannot run: Transformer Engine needs a CUDA GPU" in row
+                                     for row in te_rows)
+    assert {k for k, _ in timed} == set(SECONDS)
+
+
+def test_when_no_recipe_passes_the_default_stays_with_a_warning(tmp_path):
+    bad = {k: (0.9, 0.9) for k in SECONDS}
+    prec, log, _ = run_choose(tmp_path, bad, fp8_backend="native", fp8_recipe="auto")
+    assert prec.cfg.fp8_recipe == "delayed" and prec.fp8_choice["chosen"] is None
+    assert len(log.warnings) == 1 and "no recipe passed the numerics check" in log.warnings[0]
+
+
+def test_a_resumed_run_keeps_its_checkpoints_choice_without_timing(tmp_path):
+    saved = {"fp8_backend": "native", "fp8_recipe": "current"}
+    prec, log, timed = run_choose(tmp_path, saved=saved, fp8_backend="auto")
+    assert not timed and (prec.label, prec.cfg.fp8_recipe) == ("native", "current")
+    assert "as the resumed checkpoint's run chose" in log.lines[0]
+
+
+def test_on_a_cpu_auto_times_nothing_and_takes_the_default(tmp_path):
+    config = Config(use_fp8=True, fp8_backend="auto")
+    prec = build_precision(config, CPU, warn=pytest.fail)
+    assert (prec.label, prec.cfg.fp8_recipe) == ("native", "delayed")   # provisional
+    log = Log()
+    out = choose(config, prec, tiny_model(), None, log.lines.append, log.warnings.append,
+                 pytest.fail)
+    assert out is prec and "nothing timed on cpu" in log.lines[0]
+    assert out.fp8_choice["chosen"] == "native delayed"
+
+
+def test_with_fp8_layers_auto_a_recipe_is_timed_as_the_run_would_run_it():
+    """Shapes where FP8 does not win by the margin count at their base-precision time."""
+    timings = {(128, 384, True): (1.0, 0.5), (128, 128, True): (1.0, 0.99)}
+    counts = {(128, 384, True): 2, (128, 128, True): 3}
+    assert step_seconds(timings, counts, "auto", 0.05) == (2 * 0.5 + 3 * 1.0, 5.0)
+    assert step_seconds(timings, counts, "all", 0.05) == (2 * 0.5 + 3 * 0.99, 5.0)
+
+
+def test_the_numerics_check_passes_sound_recipes_and_fails_a_broken_one(monkeypatch):
+    """The real check, emulated on CPU, on the tiny model's largest shape: native delayed and
+    current land well inside the bounds; E5M2 inputs with scales 2^32 too small do not."""
+    from fp8train.precision import native
+    from fp8train.precision.scaling import E5M2
+    shapes = [(128, 512, True)]
+    check = cuda_numerics(shapes, CPU, 1024)
+    for recipe in ("delayed", "current"):
+        prec = build_precision(Config(use_fp8=True, fp8_backend="native", fp8_recipe=recipe),
+                               CPU, warn=pytest.fail)
+        out, grad = check(prec)
+        assert 0 < out < MAX_OUTPUT_ERROR / 2 and 0 < grad < MAX_GRAD_ERROR / 2, (recipe, out,
+                                                                                grad)
+    monkeypatch.setattr(native, "FORMATS", dict(native.FORMATS, hybrid=(E5M2, E5M2)))
+    update = native.update_delayed_scaling
+    monkeypatch.setattr(native, "update_delayed_scaling",
+                        lambda h, s, f, m, a: update(h, s, f, m + 32, a))
+    prec = build_precision(Config(use_fp8=True, fp8_backend="native"), CPU, warn=pytest.fail)
+    out, grad = check(prec)
+    assert out > MAX_OUTPUT_ERROR and grad > MAX_GRAD_ERROR, (out, grad)
+
+
+def test_provisional_takes_the_first_backend_that_runs_and_its_default_recipe():
+    auto = Config(use_fp8=True, fp8_backend="auto")
+    assert (auto.fp8_recipe, provisional(auto, lambda b: b == "torchao").fp8_backend) == \
+        ("auto", "torchao")
+    assert provisional(auto, lambda b: False).fp8_recipe == "delayed"   # native's
+    te = Config(use_fp8=True, fp8_backend="te", fp8_recipe="auto")
+    assert provisional(te, lambda b: True).fp8_recipe == "delayed"
+    named = Config(use_fp8=True, fp8_backend="torchao", fp8_recipe="rowwise")
+    assert provisional(named, lambda b: True) is named
+
+
+@pytest.mark.parametrize("keys, says", [
+    (dict(fp8_backend="auto", fp8_recipe="current"),
+     "key 'fp8_recipe' is 'current', but fp8_backend is 'auto', which chooses the recipe too"),
+    (dict(fp8_backend="torchao", fp8_recipe="auto", fp8_fsdp_all_gather=True),
+     "key 'fp8_fsdp_all_gather' needs fp8_backend torchao with fp8_recipe tensorwise, named"),
+])
+def test_auto_with_keys_it_cannot_honour_is_one_config_error(keys, says):
+    from fp8train.config.validate import validate
+    with pytest.raises(BadInput, match=says):
+        validate(Config(use_fp8=True, **keys))
