@@ -18,6 +18,7 @@ from ..train.optimizer import build_optimizer
 from .fit import (DoesNotFit, cache_key, cache_path, check_target, choose_speed, discover,
                   make_trial, plan_from_fit)
 from .plan import BatchPlan, manual_plan
+from .sharded import as_sharded, fsdp_dtypes, sharding
 from .speed import describe_speed, speed_table
 
 
@@ -118,21 +119,24 @@ def _discover(cfg: Config, mcfg, prec: Precision, accelerator, run_dir: str,
         device_desc = device.type
     key = cache_key(cfg, dataclasses.asdict(mcfg), prec.name, device_desc,
                     accelerator.num_processes)
-    if accelerator.distributed_type == "FSDP":
-        log.warn("batch discovery under FSDP probes an unsharded copy of the model on each rank: "
-                 "it counts every parameter, gradient and optimizer moment whole, so the "
-                 "micro-batch it finds is a lower bound (set batch_size and "
-                 "gradient_accumulation_steps by hand to use more memory)")
+    sharded = None
+    if accelerator.distributed_type == "FSDP":   # each trial's peak counted as sharded
+        with torch.device("meta"):
+            shapes_only = new_model(mcfg, act)
+        sharded = sharding(shapes_only, accelerator.num_processes,
+                           *fsdp_dtypes(prec.mixed_precision, device.type == "cuda"))
+        log.msg(sharded.describe())
+        key = dict(key, sharded=True)
 
     def trial(act: bool):
-        return make_trial(
+        return as_sharded(sharded, make_trial(
             build_model=lambda: new_model(mcfg, act),
             build_precision=lambda: build_precision(cfg, device, warn=lambda _: None,
                                                     run_dir=run_dir),
             build_optimizer=lambda m: build_optimizer(m, cfg),
             loss_fn=lambda model, x: model(x, x, penalty_type=cfg.penalty_type,
                                            penalty_weight=cfg.penalty_weight)[0],
-            cfg=cfg, vocab_size=mcfg.vocab_size, device=device, autocast=accelerator.autocast)
+            cfg=cfg, vocab_size=mcfg.vocab_size, device=device, autocast=accelerator.autocast))
 
     def probe(act: bool, key: dict):
         return discover(cfg, trial(act), key, device, accelerator.process_index,

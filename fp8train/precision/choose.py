@@ -109,29 +109,32 @@ def try_all(cfg, make: Callable[[object], object], device: torch.device, counts:
     """A Trial of each candidate: `make(config)` builds that backend, `measure(backend, timer)`
     returns policy.Measured for the shapes, `timer_for(backend)` and `numerics_for(backend)`
     give its timer and its (output error, gradient error)."""
+    from ..errors import one_line
     trials = []
     for backend_name, recipe in candidates(cfg):
         trial = Trial(backend_name, recipe)
         trials.append(trial)
         backend = make(concrete(cfg, backend_name, recipe))
+        # A candidate that fails (a recipe TE refuses for this format, out of memory at this
+        # token count, a kernel this GPU lacks) is listed with why, not the end of the run.
         try:
             trial.why_not = backend.unavailable(device)
-        except Exception as e:  # e.g. a recipe TE refuses for this format: not a candidate
-            from ..errors import one_line
-            trial.why_not = one_line(e)
-        if trial.why_not:
-            continue
-        measured = measure(backend, timer_for(backend))
-        trial.cached = measured.cached
-        trial.seconds, trial.base_seconds = step_seconds(measured.timings, counts,
-                                                         cfg.fp8_layers, cfg.fp8_auto_margin)
-        trial.output_error, trial.grad_error = numerics_for(backend)
+            if trial.why_not:
+                continue
+            measured = measure(backend, timer_for(backend))
+            trial.cached = measured.cached
+            trial.seconds, trial.base_seconds = step_seconds(
+                measured.timings, counts, cfg.fp8_layers, cfg.fp8_auto_margin)
+            trial.output_error, trial.grad_error = numerics_for(backend)
+        except Exception as e:
+            trial.why_not, trial.seconds = f"failed: {one_line(e, with_type=True)}", None
     return trials
 
 
 def pick(trials: list) -> Optional[Trial]:
     """The fastest trial whose numerics pass (the first of equals); None if none does."""
-    good = [t for t in trials if t.why_not is None and t.numerics_pass()]
+    good = [t for t in trials if t.why_not is None and t.seconds is not None and
+            t.numerics_pass()]
     return min(good, key=lambda t: t.seconds) if good else None
 
 
@@ -173,8 +176,10 @@ def record(trials: list, chosen: Optional[Trial]) -> dict:
 # --- the real numerics check (CUDA) -------------------------------------------------------------
 
 def rel_error(a: torch.Tensor, b: torch.Tensor) -> float:
-    return float(torch.linalg.vector_norm(a.float() - b.float()) /
-                 torch.linalg.vector_norm(b.float()).clamp_min(1e-30))
+    """||a - b|| / ||b||; inf when it is not finite (a NaN must fail the check, not pass it)."""
+    err = float(torch.linalg.vector_norm(a.float() - b.float()) /
+                torch.linalg.vector_norm(b.float()).clamp_min(1e-30))
+    return err if math.isfinite(err) else math.inf
 
 
 def cuda_numerics(shapes, device: torch.device, tokens: int, warmup: int = 3) -> Callable:
@@ -182,6 +187,7 @@ def cuda_numerics(shapes, device: torch.device, tokens: int, warmup: int = 3) ->
     backend, and an nn.Linear with the same weights in the base precision (autocast, as
     Accelerate runs it); `warmup` training steps of the FP8 layer, then one step of each on the
     same input (at most 8,192 rows) and output gradient. The worst errors over the shapes."""
+    from ..batch.fit import release_memory
     from .policy import _autocast_dtype, _fp8_layer
 
     def numerics_for(backend) -> "tuple[float, float]":
@@ -201,14 +207,17 @@ def cuda_numerics(shapes, device: torch.device, tokens: int, warmup: int = 3) ->
                         ref.bias.copy_(layer.bias)
                 x = torch.randn(rows, shape[0], device=device)
                 g = torch.randn(rows, shape[1], device=device)
-                for _ in range(warmup):
-                    _run(layer, x, g, dtype, trial)
-                y, gx = _run(layer, x, g, dtype, trial)
-                y_ref, gx_ref = _run(ref, x, g, dtype, None)
-                worst[0] = max(worst[0], rel_error(y, y_ref))
-                worst[1] = max(worst[1], rel_error(gx, gx_ref))
-                del trial, layer
-                backend.reset_trials()
+                try:
+                    for _ in range(warmup):
+                        _run(layer, x, g, dtype, trial)
+                    y, gx = _run(layer, x, g, dtype, trial)
+                    y_ref, gx_ref = _run(ref, x, g, dtype, None)
+                    worst[0] = max(worst[0], rel_error(y, y_ref))
+                    worst[1] = max(worst[1], rel_error(gx, gx_ref))
+                finally:
+                    del trial, layer
+                    backend.reset_trials()   # the trial's TE state, before the real model
+                    release_memory(device if cuda else None)
         return worst[0], worst[1]
 
     return numerics_for
@@ -230,16 +239,18 @@ def _run(layer: nn.Module, x: torch.Tensor, g: torch.Tensor, dtype, fp8):
 
 def choose(cfg, prec, model: nn.Module, saved: Optional[dict], info: Callable[[str], None],
            warn: Callable[[str], None], build: Callable, run_dir: Optional[str] = None, *,
-           timer_for: Optional[Callable] = None, numerics_for: Optional[Callable] = None):
+           device: Optional[torch.device] = None, timer_for: Optional[Callable] = None,
+           numerics_for: Optional[Callable] = None):
     """The run's precision once fp8 auto has chosen: `prec` (built from the provisional config,
     its token count set) or a backend of the chosen recipe, made by `build(config)` (the run's
-    build_precision). `model`: the unconverted model, on its device; `saved`: the resumed
-    checkpoint's derived values. `timer_for` and `numerics_for` replace the CUDA measurements
+    build_precision). `model`: the unconverted model (on the meta device will do: only its
+    Linears' shapes are read); `device`: where the run trains (default the model's); `saved`:
+    the resumed checkpoint's derived values. `timer_for` and `numerics_for` replace the CUDA measurements
     (tests)."""
     if not is_auto(cfg) or not prec.fp8:
         return prec
     from .policy import _device_of, eligible_shapes
-    device = _device_of(model)
+    device = device or _device_of(model)
     if saved and saved.get("fp8_backend") in AUTO_RECIPES and saved.get("fp8_recipe"):
         name = f"{saved['fp8_backend']} {saved['fp8_recipe']}"
         info(f"fp8 auto: {name}, as the resumed checkpoint's run chose (nothing timed)")
@@ -265,6 +276,11 @@ def choose(cfg, prec, model: nn.Module, saved: Optional[dict], info: Callable[[s
              f"{default}, the default; set fp8_recipe to choose another")
         return _with_choice(prec, prec, choice)
     info(f"fp8 auto: {best.name} chosen")
+    if best.seconds >= best.base_seconds:
+        warn(f"fp8 auto: no recipe makes this model's Linears faster than {prec.base.name} at "
+             f"{prec.tokens:,} tokens (the fastest, {best.name}, takes "
+             f"{best.seconds / best.base_seconds:.2f}x their {prec.base.name} time): FP8 costs "
+             f"time here; use_fp8: false trains faster")
     chosen = prec if best.name == default else build(concrete(cfg, best.backend, best.recipe))
     return _with_choice(chosen, prec, choice)
 

@@ -40,6 +40,7 @@ from ..observe.profiling import StepProfiler
 from ..observe.tracking import Tracker, environment, sweep_run_id
 from ..precision import Precision, build_precision
 from ..precision.choose import choose as choose_fp8
+from ..precision.choose import is_auto as choose_is_auto
 from .fp8_check import LossGapCheck
 from .health import Health
 from .optimizer import build_optimizer, check_distributed
@@ -156,6 +157,7 @@ def build(cfg: Config, state, log: Logger, requests: StopRequests) -> Optional[R
                      len(splits.train))
     mcfg = _model_config(cfg, splits.vocab_size)
     batch = decide_batch(cfg, written, mcfg, prec, acc, checkpoint, run_dir, log)
+    prec, batch = _choose_fp8(cfg, prec, acc, mcfg, batch, written, checkpoint, run_dir, log)
     plan = batch.plan
     acc.gradient_accumulation_steps = plan.accum
     feed = _feed(cfg, plan, len(splits.train), RandomWindows(splits.train, cfg.seq_len, cfg.seed),
@@ -172,7 +174,6 @@ def build(cfg: Config, state, log: Logger, requests: StopRequests) -> Optional[R
                             dict(data=data_id, effective_batch_size=plan.effective),
                             cfg.allow_config_change, cfg.source, log)
     net, n_params, flops_per_token = _net(cfg, mcfg, prec, acc, batch, checkpoint, log)
-    prec = net.prec   # fp8 auto: the chosen recipe's backend
     train_state = TrainState()
     # Same init everywhere (seeded above); from here on dropout masks differ per rank. A resume
     # then restores each rank's RNG state from the checkpoint.
@@ -335,6 +336,25 @@ def _feed(cfg: Config, plan: BatchPlan, train_tokens: int, windows, acc, log: Lo
                 if cfg.use_fp8 else None)
 
 
+def _choose_fp8(cfg: Config, prec: Precision, acc, mcfg, batch: BatchDecision, written,
+                checkpoint, run_dir: str, log: Logger) -> "tuple[Precision, BatchDecision]":
+    """fp8_recipe / fp8_backend auto (precision/choose.py), at the planned token count; a
+    probed batch plan is probed again for the chosen backend's memory (the cache keys on it)."""
+    if not choose_is_auto(cfg) or not prec.fp8:
+        return prec, batch
+    prec.set_tokens(batch.plan.micro * cfg.seq_len, log.msg)
+    with torch.device("meta"):   # the Linears' shapes, nothing allocated
+        shapes = new_model(mcfg, False)
+    chosen = choose_fp8(cfg, prec, shapes, saved_derived(checkpoint) if checkpoint else None,
+                        log.msg, log.warn,
+                        lambda c: build_precision(c, acc.device, log.warn, run_dir), run_dir,
+                        device=acc.device)
+    if chosen is not prec and written is None and checkpoint is None:
+        log.msg(f"fp8 auto: the batch plan again, for {chosen.name}")
+        batch = decide_batch(cfg, written, mcfg, chosen, acc, checkpoint, run_dir, log)
+    return chosen, batch
+
+
 def _net(cfg: Config, mcfg, prec: Precision, acc, batch: BatchDecision, checkpoint,
          log: Logger) -> "tuple[Net, int, float]":
     """The model (FP8 layers converted, prepared, compiled) and its optimizer."""
@@ -347,10 +367,6 @@ def _net(cfg: Config, mcfg, prec: Precision, acc, batch: BatchDecision, checkpoi
             f"({model.num_params(exclude_embeddings=True) / 1e6:.2f}M non-embedding), "
             f"vocab {mcfg.vocab_size:,} padded to {mcfg.padded_vocab_size:,}")
     prec.set_tokens(batch.plan.micro * cfg.seq_len, log.msg)  # fp8_layers auto times this size
-    saved = saved_derived(checkpoint) if checkpoint is not None else None
-    run_dir = getattr(prec, "run_dir", None)
-    prec = choose_fp8(cfg, prec, model.to(acc.device), saved, log.msg, log.warn,
-                      lambda c: build_precision(c, acc.device, log.warn, run_dir), run_dir)
     if checkpoint is not None and prec.fp8:
         prec.resume_layers(saved_derived(checkpoint))
     model = prec.convert(model.to(acc.device))

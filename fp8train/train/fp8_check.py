@@ -49,7 +49,9 @@ class LossGapCheck:
         devices = [self.device] if self.device.type == "cuda" else []
         with torch.no_grad(), torch.random.fork_rng(devices=devices), \
                 self.prec.high_precision():
-            self.high = loss_fn(x, y)[1].detach().float()
+            # A copy: under CUDA graphs (compile_mode reduce-overhead, max-autotune) the graph's
+            # output memory is reused by the next compiled call, the FP8 forward.
+            self.high = loss_fn(x, y)[1].detach().float().clone()
 
     def gap_tensor(self, fp8_ce: torch.Tensor) -> torch.Tensor:
         """[gap, high-precision loss] on the device, and the check's state cleared."""

@@ -6,10 +6,8 @@ the real trainer over gloo. This file is also the driver those processes run.
 (FP8 all-gather on under FSDP2) and with fp8_fsdp_all_gather: false (the weights gathered in
 fp32, then cast to FP8 by each layer).
 
-Mocked, because it cannot exist here: Accelerate shards with FSDP only on CUDA. On a CPU it
-keeps the launch config's FSDP plugin out of its state and runs DDP. The driver puts back, right
-after `Accelerator()` returns, what Accelerate keeps on CUDA: the plugin built from the
-launcher's FSDP_* variables, and the distributed type FSDP. Everything else is real: our
+Mocked, because it cannot exist here: Accelerate shards with FSDP only on CUDA
+(support/fsdp_on_cpu.py puts its FSDP2 state back on a CPU). Everything else is real: our
 backend's convert, Accelerate's FSDP2 prepare (fully_shard per Block, its optimizer re-mapping),
 the gloo all-gathers, the training loop, evaluation and the sharded checkpoint.
 
@@ -194,8 +192,7 @@ def _drive(out_dir: str, argv: list) -> int:
     import accelerate
     import torch
     import torch.distributed as dist
-    from accelerate.state import PartialState
-    from accelerate.utils import DistributedType, FullyShardedDataParallelPlugin
+    from support import fsdp_on_cpu
     from torchao.float8.fsdp_utils import WeightWithDynamicFloat8CastTensor as Wrapped
 
     from fp8train.precision import ao
@@ -203,14 +200,7 @@ def _drive(out_dir: str, argv: list) -> int:
 
     seen: dict = {}
 
-    init = accelerate.Accelerator.__init__
-
-    def fsdp2_init(self, *args, **kw):   # the mock (see the module docstring)
-        init(self, *args, **kw)
-        self.state.fsdp_plugin = FullyShardedDataParallelPlugin()
-        self.state.distributed_type = DistributedType.FSDP
-        PartialState._shared_state["distributed_type"] = DistributedType.FSDP
-
+    fsdp_on_cpu.install()   # the mock (see the module docstring)
     prepare = accelerate.Accelerator.prepare
 
     def watched_prepare(self, *objs, **kw):
@@ -247,7 +237,6 @@ def _drive(out_dir: str, argv: list) -> int:
         seen["precomputed"].append(self._precomputed_scale is not None)
         return pre_gather(self, mesh)
 
-    accelerate.Accelerator.__init__ = fsdp2_init
     accelerate.Accelerator.prepare = watched_prepare
     ao.TorchAO.convert = watched_convert
     ao.TorchAO.after_optimizer_step = watched_step

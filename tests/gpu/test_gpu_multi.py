@@ -163,6 +163,32 @@ def test_fsdp2_run_trains_and_resumes(tmp_path):
                                                               rel=1e-3)
 
 
+@needs_two_gpus
+def test_fsdp2_batch_probe_fits_the_sharded_footprint(tmp_path):
+    """auto_batch_size under FSDP2 on 2 GPUs, bf16, within probe_memory_limit_gb 2: the probe
+    counts each trial as sharded (said once), the micro-batch it plans is larger than the same
+    probe without FSDP (DDP) plans, and the FSDP2 run's measured peak (summary.json's
+    peak_memory_gb, torch's max allocated) stays within the limit."""
+    import json
+    args = ["--config=configs/test_auto_batch.yaml", "--n_layer=8", "--n_embd=768",
+            "--seq_len=256", "--probe_memory_limit_gb=2", "--target_effective_batch_size=256",
+            "--max_batch_size=256", "--batch_timing_budget_s=0.01", "--max_steps=4",
+            "--eval_interval=4", "--checkpoint_interval=4", "--eval_sequences=8",
+            "--eval_samples=0"]
+    fsdp = _accelerate_fsdp(*args, f"--output_dir={tmp_path / 'fsdp'}")
+    assert fsdp.returncode == 0, fsdp.stdout[-2000:] + fsdp.stderr[-3000:]
+    assert fsdp.stdout.count("batch discovery under FSDP2 (2 ranks)") == 1, fsdp.stdout[-3000:]
+    ddp = subprocess.run([sys.executable, "-m", "torch.distributed.run", "--standalone",
+                          "--nproc_per_node", str(WORLD), "train_fp8.py", *args,
+                          f"--output_dir={tmp_path / 'ddp'}"],
+                         cwd=ROOT, env=offline_environ(), capture_output=True, text=True,
+                         timeout=900)
+    assert ddp.returncode == 0, ddp.stdout[-2000:] + ddp.stderr[-3000:]
+    plans = {m: json.load(open(tmp_path / m / "summary.json")) for m in ("fsdp", "ddp")}
+    assert plans["fsdp"]["batch"]["micro_batch_size"] > plans["ddp"]["batch"]["micro_batch_size"]
+    assert plans["fsdp"]["peak_memory_gb"] <= 2.0, plans["fsdp"]
+
+
 # --- the driver: run by torchrun, one process per rank -------------------------------------------
 
 def _drive(out_dir: str, argv: list) -> int:

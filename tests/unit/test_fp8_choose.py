@@ -172,3 +172,37 @@ def test_auto_with_keys_it_cannot_honour_is_one_config_error(keys, says):
     from fp8train.config.validate import validate
     with pytest.raises(BadInput, match=says):
         validate(Config(use_fp8=True, **keys))
+
+
+def test_a_candidate_that_fails_is_listed_with_why_and_the_others_still_compete(tmp_path):
+    """An error while timing one candidate (out of memory at the run's token count, a kernel
+    the GPU lacks) is that candidate's verdict; a NaN error fails its numerics."""
+    config = Config(use_fp8=True, output_dir=str(tmp_path), fp8_layers="all",
+                    fp8_backend="auto")
+    prec = build_precision(config, CPU, warn=pytest.fail)
+    prec.set_tokens(256)
+
+    def timer_for(backend):
+        if backend.cfg.fp8_recipe == "rowwise":
+            raise torch.OutOfMemoryError("CUDA out of memory. Tried to allocate 2.00 GiB")
+        return lambda shape: (3e-3, SECONDS[backend.cfg.fp8_backend, backend.cfg.fp8_recipe])
+
+    def numerics_for(backend):
+        return (float("inf"), 0.1) if backend.cfg.fp8_recipe == "current" else GOOD
+
+    log = Log()
+    out = choose(config, prec, tiny_model(n_layer=2), None, log.lines.append,
+                 log.warnings.append, lambda c: build_precision(c, CPU, pytest.fail),
+                 str(tmp_path), timer_for=timer_for, numerics_for=numerics_for)
+    assert (out.label, out.cfg.fp8_recipe) == ("torchao", "tensorwise")
+    row = next(line for line in log.lines if line.startswith("  torchao rowwise"))
+    assert "failed: OutOfMemoryError: CUDA out of memory" in row
+    assert "numerics: output error inf%" in next(
+        line for line in log.lines if line.startswith("  native current"))
+
+
+def test_fp8_slower_than_bf16_for_every_recipe_is_warned_about(tmp_path):
+    slow = {k: 4e-3 for k in SECONDS}
+    prec, log, _ = run_choose(tmp_path, seconds=slow, fp8_backend="native", fp8_recipe="auto")
+    assert len(log.warnings) == 1 and "use_fp8: false trains faster" in log.warnings[0]
+    assert "takes 1.33x their fp32 time" in log.warnings[0]
