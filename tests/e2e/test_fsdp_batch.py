@@ -14,15 +14,14 @@ the budget. The model: 8 Blocks of width 256 at seq_len 32, where the state (abo
 whole) weighs against a few MB of activations per sequence."""
 import json
 import os
-import socket
-import subprocess
 import sys
 
 import pytest
 
 if __name__ == "__main__":   # run by the launcher as a script: tests/ (support/) is one level up
     sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-from support.runs import DATA_DIR, ROOT  # noqa: E402
+from support.fsdp_on_cpu import launch  # noqa: E402
+from support.runs import ROOT  # noqa: E402
 
 WORLD, LIMIT_GB, HEADROOM = 2, 0.15, 0.1
 ARGS = ["--config=configs/test_auto_batch.yaml", "--n_layer=8", "--n_embd=256", "--seq_len=32",
@@ -32,23 +31,10 @@ ARGS = ["--config=configs/test_auto_batch.yaml", "--n_layer=8", "--n_embd=256", 
 MODES = ("ddp", "fsdp")
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
 @pytest.fixture(scope="module")
 def runs(tmp_path_factory):
     tmp = tmp_path_factory.mktemp("fsdp_batch")
-    env = dict(os.environ, FP8TRAIN_DATA_DIR=DATA_DIR, PYTHONUNBUFFERED="1")
-    r = subprocess.run([sys.executable, "-m", "accelerate.commands.launch", "--config_file",
-                        "accelerate_configs/fsdp_8xh100.yaml", "--num_processes", str(WORLD),
-                        "--main_process_port", str(_free_port()), "tests/e2e/test_fsdp_batch.py",
-                        str(tmp), *ARGS],
-                       cwd=ROOT, env=env, capture_output=True, text=True, timeout=600)
-    assert r.returncode == 0, r.stdout[-2000:] + r.stderr[-3000:]
-    ranks = [json.loads((tmp / f"rank{i}.json").read_text()) for i in range(WORLD)]
+    r, ranks = launch("tests/e2e/test_fsdp_batch.py", tmp, ARGS, WORLD)
     return dict(tmp=tmp, stdout=r.stdout, ranks=ranks)
 
 

@@ -23,15 +23,14 @@ Observed from outside fp8train, by wrapping library functions that still run:
 
 import json
 import os
-import socket
-import subprocess
 import sys
 
 import pytest
 
 if __name__ == "__main__":   # run by the launcher as a script: tests/ (support/) is one level up
     sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-from support.runs import DATA_DIR, ROOT, tiny_args  # noqa: E402
+from support.fsdp_on_cpu import launch  # noqa: E402
+from support.runs import ROOT, tiny_args  # noqa: E402
 
 pytest.importorskip("torchao")
 
@@ -47,24 +46,11 @@ RUN = dict(use_fp8="true", fp8_backend="torchao", fp8_layers="all", batch_size=4
 MODES = {"fp8": [], "fp32": ["--fp8_fsdp_all_gather=false"]}
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
 @pytest.fixture(scope="module")
 def fsdp_runs(tmp_path_factory):
     tmp = tmp_path_factory.mktemp("fsdp_fp8")
     args = [a for a in tiny_args(tmp, **RUN) if not a.startswith("--output_dir=")]
-    env = dict(os.environ, FP8TRAIN_DATA_DIR=DATA_DIR, PYTHONUNBUFFERED="1")
-    r = subprocess.run([sys.executable, "-m", "accelerate.commands.launch", "--config_file",
-                        "accelerate_configs/fsdp_8xh100.yaml", "--num_processes", str(WORLD),
-                        "--main_process_port", str(_free_port()), "tests/e2e/test_fsdp_fp8.py",
-                        str(tmp), *args],
-                       cwd=ROOT, env=env, capture_output=True, text=True, timeout=300)
-    assert r.returncode == 0, r.stdout[-2000:] + r.stderr[-3000:]
-    ranks = [json.loads((tmp / f"rank{i}.json").read_text()) for i in range(WORLD)]
+    r, ranks = launch("tests/e2e/test_fsdp_fp8.py", tmp, args, WORLD, timeout=300)
     for rank in ranks:
         assert {m: rank[m]["rc"] for m in MODES} == {"fp8": 0, "fp32": 0}
     return dict(tmp=tmp, stdout=r.stdout, ranks=ranks)
