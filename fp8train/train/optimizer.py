@@ -97,29 +97,30 @@ class MuonAdamW(torch.optim.AdamW):
         # fp16's GradScaler hands fused optimizers the gradients still scaled (grad_scale) when
         # nothing unscaled them first (gradient clipping does): Muon unscales its own.
         grad_scale = getattr(self, "grad_scale", None)
+        shared = _StepFactors(found_inf, grad_scale)   # converted once per device, not per matrix
         for group in groups:
             if group["muon"]:
                 for p in group["params"]:
                     if p.grad is not None:
-                        self._muon_update(p, group, found_inf, grad_scale)
+                        self._muon_update(p, group, shared)
         return loss
 
-    def _muon_update(self, p: torch.Tensor, group: dict, found_inf, grad_scale=None) -> None:
+    def _muon_update(self, p: torch.Tensor, group: dict, shared: "_StepFactors") -> None:
         state = self.state[p]
         if "momentum_buffer" not in state:
             state["momentum_buffer"] = torch.zeros_like(p, memory_format=torch.preserve_format)
             # Steps applied (AdamW's loading of a state dict expects one in every state).
             state["step"] = torch.zeros((), device=p.device)
         buf, grad, lr, mom = state["momentum_buffer"], p.grad, group["lr"], group["momentum"]
-        if grad_scale is not None:
-            grad = grad / grad_scale.to(device=p.device, dtype=grad.dtype)
+        if shared.grad_scale is not None:
+            grad = grad / shared.scale_for(p.device, grad.dtype)
         scale = lr * math.sqrt(max(1.0, p.shape[0] / p.shape[1]))
+        found_inf = shared.found_inf
         if found_inf is None:
             ok = 1.0
         else:       # a skipped step: its non-finite gradient read as 0, every factor 0
-            ok = 1.0 - found_inf.to(device=p.device, dtype=torch.float32)
-            grad = torch.where(found_inf.to(p.device) > 0, torch.zeros((), device=p.device,
-                                                                        dtype=grad.dtype), grad)
+            ok, bad, zero = shared.skip_for(p.device, grad.dtype)
+            grad = torch.where(bad, zero, grad)
         state["step"].add_(ok)
         buf.lerp_(grad, (1.0 - mom) * ok if found_inf is None else ((1.0 - mom) * ok).to(p.dtype))
         update = newton_schulz(grad.lerp(buf, mom)).to(p.dtype)      # Nesterov
@@ -155,3 +156,27 @@ def newton_schulz(g: torch.Tensor, steps: int = NS_STEPS) -> torch.Tensor:
         gram = x @ x.T
         x = torch.addmm(x, torch.addmm(gram, gram, gram, beta=b, alpha=c), x, beta=a)
     return x.T if tall else x
+
+
+class _StepFactors:
+    """The loop's found_inf and GradScaler's grad_scale as Muon's updates of one step use them,
+    moved and converted once per device and dtype (a 1B model has ~150 matrices)."""
+
+    def __init__(self, found_inf, grad_scale):
+        self.found_inf, self.grad_scale = found_inf, grad_scale
+        self.cache: dict = {}
+
+    def scale_for(self, device, dtype) -> torch.Tensor:
+        key = ("scale", device, dtype)
+        if key not in self.cache:
+            self.cache[key] = self.grad_scale.to(device=device, dtype=dtype)
+        return self.cache[key]
+
+    def skip_for(self, device, dtype):
+        """(1 - found_inf as float32, found_inf > 0, a zero of `dtype`), on `device`."""
+        key = ("skip", device, dtype)
+        if key not in self.cache:
+            f = self.found_inf.to(device)
+            self.cache[key] = (1.0 - f.to(torch.float32), f > 0,
+                               torch.zeros((), device=device, dtype=dtype))
+        return self.cache[key]
