@@ -40,7 +40,8 @@ WORLD, STEPS = 2, 6
 
 RUN = dict(use_fp8="true", fp8_backend="torchao", fp8_layers="all", batch_size=4,
            gradient_accumulation_steps=1, warmup_steps=2, max_steps=STEPS, log_interval=3,
-           eval_interval=STEPS, checkpoint_interval=STEPS, eval_sequences=16, eval_samples=0)
+           eval_interval=STEPS, checkpoint_interval=STEPS, eval_sequences=16, eval_samples=0,
+           fp8_check_interval=2)
 
 
 MODES = {"fp8": [], "fp32": ["--fp8_fsdp_all_gather=false"]}
@@ -75,6 +76,17 @@ def test_the_all_gather_carries_fp8_weights(fsdp_runs):
         # Each of the 2 Blocks is gathered at least in forward and in backward, every step.
         assert saved.count(3 * weights) >= 2 * 2 * STEPS
     assert "FSDP2 all-gathers the weights in FP8" in fsdp_runs["stdout"]
+
+
+def test_the_loss_gap_check_runs_on_every_rank_under_fsdp2(fsdp_runs):
+    """fp8_check_interval 2: both ranks run the check's forward (its all-gathers included) at
+    steps 2, 4, 6 and the run ends; the gap is small in both runs (with the FP8 all-gather the
+    high-precision pass computes with the FP8-rounded weights, ao.plain_weight)."""
+    tmp = fsdp_runs["tmp"]
+    gaps = {m: _rows(tmp / m, "fp8/loss_gap") for m in MODES}
+    for mode in MODES:
+        assert sorted(gaps[mode]) == [2, 4, 6]
+        assert all(abs(r["fp8/loss_gap"]) < 0.02 for r in gaps[mode].values()), gaps[mode]
 
 
 def test_scales_are_precomputed_after_each_optimizer_step(fsdp_runs):

@@ -252,7 +252,7 @@ def test_muon_and_the_fp8_until_hand_over_on_gpu(tmp_path, backend):
 
 @needs_corpus
 @needs_fp8
-@pytest.mark.parametrize("backend", [pytest.param("native", marks=quick), "torchao", "te"])
+@pytest.mark.parametrize("backend", ["native", "torchao", "te"])
 def test_the_loss_gap_check_on_gpu(tmp_path, backend, fp8_run):
     """fp8_check_interval 10, compiled (the check's bf16 forward is a graph of its own): ten
     rows of fp8/loss_gap, each under 1% of the loss, and the training curve that of the same run
@@ -274,8 +274,7 @@ def test_the_loss_gap_check_on_gpu(tmp_path, backend, fp8_run):
 
 @needs_corpus
 @needs_fp8
-@pytest.mark.parametrize("backend", [pytest.param("native", marks=quick), "torchao", "te",
-                                     "auto"])
+@pytest.mark.parametrize("backend", ["native", "torchao", "te", "auto"])
 def test_fp8_recipe_auto_times_the_recipes_and_runs_the_chosen_one(tmp_path, backend):
     """fp8_recipe auto (fp8_backend auto: every installed backend), compiled: each candidate is
     timed (a line of the table each, TE's block either timed or said not to run), the chosen
