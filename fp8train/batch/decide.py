@@ -136,7 +136,8 @@ def _discover(cfg: Config, mcfg, prec: Precision, accelerator, run_dir: str,
             build_optimizer=lambda m: build_optimizer(m, cfg),
             loss_fn=lambda model, x: model(x, x, penalty_type=cfg.penalty_type,
                                            penalty_weight=cfg.penalty_weight)[0],
-            cfg=cfg, vocab_size=mcfg.vocab_size, device=device, autocast=accelerator.autocast))
+            cfg=cfg, vocab_size=mcfg.vocab_size, device=device, autocast=accelerator.autocast,
+            keep_grads=accelerator.distributed_type in ("MULTI_GPU", "MULTI_CPU", "FSDP")))
 
     def probe(act: bool, key: dict):
         return discover(cfg, trial(act), key, device, accelerator.process_index,

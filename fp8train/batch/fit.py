@@ -121,9 +121,13 @@ class _SavedTensorBytes:
 
 
 def make_trial(build_model: Callable[[], torch.nn.Module], build_precision, build_optimizer,
-               loss_fn, cfg: Config, vocab_size: int, device: torch.device, autocast):
+               loss_fn, cfg: Config, vocab_size: int, device: torch.device, autocast,
+               keep_grads: bool = False):
     """A function micro -> peak bytes of one full training step at that micro-batch, with the
-    optimizer state already allocated (as from the run's second step on). Its `timed(micro,
+    optimizer state already allocated (as from the run's second step on). `keep_grads`: the
+    gradients stay allocated between steps, as in a run whose gradients never go back to None
+    (DDP's live in its all-reduce buckets; FSDP2's sharded ones are counted so by sharded.py):
+    the peak at the start of backward then holds them too. Its `timed(micro,
     steps)` also times `steps` more micro-steps and one more optimizer step (StepTimes).
     `loss_fn(model, x)`: the loss of the (compiled) model on tokens x, as the run computes it
     (the model's own loss, inside its compiled forward)."""
@@ -153,7 +157,7 @@ def make_trial(build_model: Callable[[], torch.nn.Module], build_precision, buil
         for p in model.parameters():
             p.grad = torch.zeros_like(p)
         opt.step()
-        opt.zero_grad(set_to_none=True)
+        opt.zero_grad(set_to_none=not keep_grads)
         cuda = device.type == "cuda"
         sync = (lambda: torch.cuda.synchronize(device)) if cuda else (lambda: None)
         sync()

@@ -9,10 +9,19 @@ fit.py), so its peak holds every parameter, gradient and optimizer moment whole.
   refused under FSDP), each padded to a multiple of N elements, as fully_shard pads dim 0;
 - the units gathered whole at once, in the all-gather dtype (the mixed-precision param dtype,
   bf16 on a GPU; fp32 otherwise): the root unit (embeddings, final norm, tied head), which
-  FSDP2 keeps gathered from forward to backward, and two Blocks (the one computing and the one
-  prefetched); with their unsharded gradients in the reduce dtype before the reduce-scatter.
-  Counted all at once, which no phase of a step reaches: an upper bound;
+  FSDP2 keeps gathered from forward to backward (torch sets reshard_after_forward False for the
+  root), and two Blocks (the one computing and the one backward prefetches);
+- unsharded gradients in the reduce dtype: with gradient accumulation, Accelerate's
+  accumulate runs the micro-steps before the last without gradient sync (no_sync), and FSDP2
+  then keeps every unit's unsharded gradient until the last one: the whole model's; plus a
+  Block's reduce-scatter input in flight. Counted whether or not the run accumulates;
 - the activations, which sharding does not change: the trial measured them.
+
+The trial keeps its gradients allocated (make_trial's keep_grads), so its peak holds the
+whole state at the start of backward, where the peak is; counting the sharded gradients as
+resident there too overcounts by one share (they exist only after the first reduce-scatter).
+Not measured by any trial: NCCL's own buffers, outside torch's allocator (memory_headroom
+covers them). Reviewed against torch 2.13's fully_shard and Accelerate 1.15's FSDP2 prepare.
 
 So a trial's peak P becomes P - state + ceil(state / N) + gathered. Every part is measured from
 the model itself (its units' parameter counts and dtypes); the result is checked against a real
@@ -34,7 +43,7 @@ class Sharding:
     world: int
     state_bytes: int      # the parameters, gradients and optimizer moments, whole
     shard_bytes: int      # one rank's share of them, padding included
-    gathered_bytes: int   # the units held whole at once, with their unsharded gradients
+    gathered_bytes: int   # the units held whole at once, and the unsharded gradients
 
     def footprint(self, unsharded_peak: int) -> int:
         """A rank's peak under FSDP2, from a trial's unsharded peak."""
@@ -46,8 +55,8 @@ class Sharding:
                 f"counted as sharded: the whole state ({self.state_bytes / gb:.3f} GB of "
                 f"parameters, gradients and AdamW moments) replaced by one rank's share "
                 f"({self.shard_bytes / gb:.3f} GB) plus the units gathered at once "
-                f"({self.gathered_bytes / gb:.3f} GB: the root and two Blocks, with their "
-                f"gradients)")
+                f"({self.gathered_bytes / gb:.3f} GB: the root and two Blocks, and the "
+                f"unsharded gradients of accumulation)")
 
 
 def units(model: nn.Module) -> "tuple[list, list]":
@@ -73,9 +82,10 @@ def sharding(model: nn.Module, world: int, gather_dtype: torch.dtype,
     shard = STATE_COPIES * sum(math.ceil(p.shape[0] / world) * (p.numel() // max(p.shape[0], 1))
                                * p.element_size() if p.dim() else p.element_size()
                                for p in params)
-    per_element = _size(gather_dtype) + _size(reduce_dtype)
     largest_block = max((sum(p.numel() for p in ps) for ps in blocks), default=0)
-    gathered = per_element * (sum(p.numel() for p in root) + 2 * largest_block)
+    everything = sum(p.numel() for p in params)
+    gathered = _size(gather_dtype) * (sum(p.numel() for p in root) + 2 * largest_block) + \
+        _size(reduce_dtype) * (everything + largest_block)
     return Sharding(world, state, shard, gathered)
 
 

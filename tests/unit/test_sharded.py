@@ -28,11 +28,12 @@ def test_each_unit_holds_its_own_parameters_and_tied_ones_once():
 def test_the_accounting_of_a_toy_model_over_two_ranks():
     """State: 88 fp32 parameters × 4 copies × 4 bytes. A rank's share pads dim 0: 5 rows -> 3
     per rank (3·3 + 3 of the first Block), 7 -> 4 (4·3 + 4), 10 -> 5 (5·4). Gathered at once:
-    the root and twice the largest Block, in the gather and the reduce dtype (bf16 both)."""
+    the root and twice the largest Block in the gather dtype; every gradient unsharded (the
+    accumulation's) and one Block's in flight, in the reduce dtype (bf16 both)."""
     s = sharding(Toy(), 2, torch.bfloat16, torch.bfloat16)
     assert s.state_bytes == 88 * 4 * 4
     assert s.shard_bytes == (9 + 3 + 12 + 4 + 20) * 4 * 4
-    assert s.gathered_bytes == (40 + 2 * 28) * (2 + 2)
+    assert s.gathered_bytes == (40 + 2 * 28) * 2 + (88 + 28) * 2
     assert s.footprint(10_000) == 10_000 - s.state_bytes + s.shard_bytes + s.gathered_bytes
     with torch.device("meta"):
         assert sharding(Toy(), 2, torch.bfloat16, torch.bfloat16) == s
