@@ -183,9 +183,9 @@ def rel_error(a: torch.Tensor, b: torch.Tensor) -> float:
 
 
 def cuda_numerics(shapes, device: torch.device, tokens: int, warmup: int = 3) -> Callable:
-    """numerics_for on a GPU (on a CPU too, emulated, for the tests): for each shape, one layer converted by a timing copy of the
-    backend, and an nn.Linear with the same weights in the base precision (autocast, as
-    Accelerate runs it); `warmup` training steps of the FP8 layer, then one step of each on the
+    """numerics_for on a GPU (on a CPU too, emulated, for the tests): for each shape, one layer
+    converted by a timing copy of the backend, and an nn.Linear with the same weights in the
+    base precision (autocast, as Accelerate runs it); `warmup` training steps of the FP8 layer, then one step of each on the
     same input (at most 8,192 rows) and output gradient. The worst errors over the shapes."""
     from ..batch.fit import release_memory
     from .policy import _autocast_dtype, _fp8_layer
@@ -245,8 +245,8 @@ def choose(cfg, prec, model: nn.Module, saved: Optional[dict], info: Callable[[s
     its token count set) or a backend of the chosen recipe, made by `build(config)` (the run's
     build_precision). `model`: the unconverted model (on the meta device will do: only its
     Linears' shapes are read); `device`: where the run trains (default the model's); `saved`:
-    the resumed checkpoint's derived values. `timer_for` and `numerics_for` replace the CUDA measurements
-    (tests)."""
+    the resumed checkpoint's derived values. `timer_for` and `numerics_for` replace the CUDA
+    measurements (tests)."""
     if not is_auto(cfg) or not prec.fp8:
         return prec
     from .policy import _device_of, eligible_shapes
