@@ -185,8 +185,9 @@ def rel_error(a: torch.Tensor, b: torch.Tensor) -> float:
 def cuda_numerics(shapes, device: torch.device, tokens: int, warmup: int = 3) -> Callable:
     """numerics_for on a GPU (on a CPU too, emulated, for the tests): for each shape, one layer
     converted by a timing copy of the backend, and an nn.Linear with the same weights in the
-    base precision (autocast, as Accelerate runs it); `warmup` training steps of the FP8 layer, then one step of each on the
-    same input (at most 8,192 rows) and output gradient. The worst errors over the shapes."""
+    base precision (autocast, as Accelerate runs it); `warmup` training steps of the FP8
+    layer, then one step of each on the same input (at most 8,192 rows) and output gradient.
+    The worst errors over the shapes."""
     from ..batch.fit import release_memory
     from .policy import _autocast_dtype, _fp8_layer
 
