@@ -139,9 +139,9 @@ def _eval_precision(t, device, warn):
     cfg = t.cfg
     prec = None
     if cfg.use_fp8 and cfg.fp8_eval:   # fall back quietly: the warning below says what it means
-        chosen = {k: t.derived[k] for k in ("fp8_backend", "fp8_recipe") if t.derived.get(k)}
-        prec = build_precision(dataclasses.replace(cfg, fp8_fallback="bf16", **chosen), device,
-                               lambda msg: None)
+        from ..precision.choose import as_chosen   # fp8 auto: the recipe the run trained with
+        prec = build_precision(dataclasses.replace(as_chosen(cfg, t.derived), fp8_fallback="bf16"),
+                               device, lambda msg: None)
     model = t.model
     if prec is not None and prec.fp8:
         prec.resume_layers(t.derived)

@@ -68,6 +68,14 @@ def provisional(cfg, runs: Callable[[str], bool]):
                     else cfg.fp8_recipe)
 
 
+def as_chosen(cfg, derived: dict):
+    """A finished run's config with the backend and recipe fp8 auto chose (its config.yaml's
+    derived values) in place of auto: what evaluating or sampling its checkpoint in FP8 needs."""
+    if not is_auto(cfg) or not derived.get("fp8_backend") or not derived.get("fp8_recipe"):
+        return cfg
+    return concrete(cfg, derived["fp8_backend"], derived["fp8_recipe"])
+
+
 def candidates(cfg) -> list:
     backends = BACKENDS if cfg.fp8_backend == "auto" else (cfg.fp8_backend,)
     return [(b, r) for b in backends for r in AUTO_RECIPES[b]]

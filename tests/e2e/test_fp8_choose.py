@@ -33,3 +33,25 @@ def test_fp8_backend_auto_with_a_named_recipe_exits_2_in_one_line(tmp_path):
     assert r.returncode == 2 and "Traceback" not in r.stderr
     line = r.stderr.strip().splitlines()[-1]
     assert "key 'fp8_recipe' is 'current', but fp8_backend is 'auto'" in line
+
+
+def test_evaluate_py_evaluates_in_fp8_with_the_recipe_auto_chose(tmp_path):
+    """fp8_eval with fp8_backend auto: scripts/evaluate.py evaluates the checkpoint in FP8 and
+    reproduces the logged val/loss, without the warning that FP8 cannot run. (On a CPU the
+    choice is the default; that the derived choice replaces auto is tested in
+    tests/unit/test_fp8_choose.py.)"""
+    import subprocess
+    import sys
+
+    from support.runs import ROOT
+    out = tmp_path / "run"
+    r = run_train(*tiny_args(out, use_fp8="true", fp8_backend="auto", fp8_eval="true",
+                             max_steps=6))
+    assert r.returncode == 0, r.stderr[-3000:]
+    logged = [json.loads(x) for x in open(out / "metrics.jsonl") if "val/loss" in x][-1]
+    e = subprocess.run([sys.executable, "scripts/evaluate.py", str(out), "--json"], cwd=ROOT,
+                       capture_output=True, text=True, timeout=300)
+    assert e.returncode == 0, e.stderr[-2000:]
+    assert "cannot run here" not in e.stderr
+    got = json.loads(e.stdout)
+    assert got["val/loss"] == logged["val/loss"] and got["step"] == 6, (got, logged)

@@ -12,8 +12,8 @@ from support.precision_shared import tiny_model
 from fp8train.config.load import Config
 from fp8train.errors import BadInput
 from fp8train.precision import build_precision
-from fp8train.precision.choose import (MAX_GRAD_ERROR, MAX_OUTPUT_ERROR, choose, cuda_numerics,
-                                       provisional, step_seconds)
+from fp8train.precision.choose import (MAX_GRAD_ERROR, MAX_OUTPUT_ERROR, as_chosen, choose,
+                                       cuda_numerics, provisional, step_seconds)
 
 CPU = torch.device("cpu")
 # native delayed 2 ms per shape, current 1 ms; torchao tensorwise 1.5, rowwise 0.5; bf16 3 ms
@@ -206,3 +206,16 @@ def test_fp8_slower_than_bf16_for_every_recipe_is_warned_about(tmp_path):
     prec, log, _ = run_choose(tmp_path, seconds=slow, fp8_backend="native", fp8_recipe="auto")
     assert len(log.warnings) == 1 and "use_fp8: false trains faster" in log.warnings[0]
     assert "takes 1.33x their fp32 time" in log.warnings[0]
+
+
+def test_a_finished_runs_config_reads_as_the_recipe_it_chose():
+    """What scripts/evaluate.py and sample.py build to evaluate in FP8 (fp8_eval): the derived
+    choice in place of auto; a named backend and recipe, or no choice recorded, stay as they
+    are."""
+    derived = {"fp8_backend": "torchao", "fp8_recipe": "rowwise"}
+    cfg = as_chosen(Config(use_fp8=True, fp8_backend="auto"), derived)
+    assert (cfg.fp8_backend, cfg.fp8_recipe) == ("torchao", "rowwise")
+    named = Config(use_fp8=True, fp8_backend="native", fp8_recipe="current")
+    assert as_chosen(named, derived) is named
+    auto = Config(use_fp8=True, fp8_recipe="auto")
+    assert as_chosen(auto, {}) is auto
