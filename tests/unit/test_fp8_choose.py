@@ -209,7 +209,7 @@ def test_fp8_slower_than_bf16_for_every_recipe_is_warned_about(tmp_path):
 
 
 def test_a_finished_runs_config_reads_as_the_recipe_it_chose():
-    """What scripts/evaluate.py and sample.py build to evaluate in FP8 (fp8_eval): the derived
+    """What scripts/evaluate.py builds to evaluate in FP8 (fp8_eval): the derived
     choice in place of auto; a named backend and recipe, or no choice recorded, stay as they
     are."""
     derived = {"fp8_backend": "torchao", "fp8_recipe": "rowwise"}
