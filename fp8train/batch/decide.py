@@ -108,6 +108,13 @@ def decide_batch(cfg: Config, written: "BatchPlan | None", mcfg, prec: Precision
     return _discover(cfg, mcfg, prec, accelerator, run_dir, log)
 
 
+def probe_config(cfg: Config, prec: Precision) -> Config:
+    """The config the probe's trials build their precision from: the run's FP8 backend and
+    recipe as `prec` has them (fp8 auto's choice, when the plan is probed again for it; a
+    trial built from `fp8_recipe: auto` would measure the provisional backend)."""
+    return prec.cfg if prec.fp8 else cfg
+
+
 def _discover(cfg: Config, mcfg, prec: Precision, accelerator, run_dir: str,
               log) -> BatchDecision:
     device = accelerator.device
@@ -128,10 +135,12 @@ def _discover(cfg: Config, mcfg, prec: Precision, accelerator, run_dir: str,
         log.msg(sharded.describe())
         key = dict(key, sharded=True)
 
+    trial_cfg = probe_config(cfg, prec)
+
     def trial(act: bool):
         return as_sharded(sharded, make_trial(
             build_model=lambda: new_model(mcfg, act),
-            build_precision=lambda: build_precision(cfg, device, warn=lambda _: None,
+            build_precision=lambda: build_precision(trial_cfg, device, warn=lambda _: None,
                                                     run_dir=run_dir),
             build_optimizer=lambda m: build_optimizer(m, cfg),
             loss_fn=lambda model, x: model(x, x, penalty_type=cfg.penalty_type,

@@ -182,18 +182,19 @@ class Trainer:
         step_ce = step_penalty = 0.0
         check = self.parts.gap_check if self.parts.gap_check.due(st.step + 1) else None
         gap = None
-        for _ in range(plan.accum):   # this rank's slice of the step, one micro-batch at a time
+        for i in range(plan.accum):   # this rank's slice of the step, one micro-batch at a time
             t_wait = time.perf_counter()
             x, y = self.batches.next()
             self.parts.meter.waited(time.perf_counter() - t_wait)
             x = x.to(self.acc.device, non_blocking=True)
             y = y.to(self.acc.device, non_blocking=True)
-            if check is not None and gap is None:   # fp8_check_interval: the first micro-batch
+            checked = check is not None and i == 0   # fp8_check_interval: the first micro-batch
+            if checked:
                 check.high_precision(lambda a, b: step_loss(net, a, b), x, y)
             with self.acc.accumulate(net.model):  # no_sync except on the last micro-step
                 with net.prec.forward_context(training=True):
                     loss, ce, penalty = step_loss(net, x, y)
-                if check is not None and gap is None:
+                if checked:
                     gap = check.gap_tensor(ce)
                 self.acc.backward(loss)            # divides by the accumulation steps
             net.prec.after_backward()

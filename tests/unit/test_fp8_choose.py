@@ -219,3 +219,16 @@ def test_a_finished_runs_config_reads_as_the_recipe_it_chose():
     assert as_chosen(named, derived) is named
     auto = Config(use_fp8=True, fp8_recipe="auto")
     assert as_chosen(auto, {}) is auto
+
+
+def test_a_plan_probed_again_for_the_chosen_recipe_builds_its_trials_with_it():
+    """After fp8 auto chose, decide_batch's trials build the chosen backend and recipe, not
+    `auto` again (which would measure the provisional backend a second time)."""
+    from fp8train.batch.decide import probe_config
+    cfg = Config(use_fp8=True, fp8_backend="auto")
+    chosen = build_precision(Config(use_fp8=True, fp8_backend="torchao", fp8_recipe="rowwise"),
+                             CPU, warn=pytest.fail)
+    trial_cfg = probe_config(cfg, chosen)
+    assert (trial_cfg.fp8_backend, trial_cfg.fp8_recipe) == ("torchao", "rowwise")
+    plain = build_precision(Config(), CPU, warn=pytest.fail)
+    assert probe_config(Config(), plain) == Config()
