@@ -2,8 +2,9 @@
 and the Llama family (RMSNorm, SwiGLU, RoPE, grouped-query attention, no biases).
 
 A plain nn.Module: precision (bf16/FP8), compile and distribution are applied from outside.
-Given targets it returns its loss, not its logits (as nanoGPT's does): the loss then lives in the
-graph torch.compile builds of the forward, which fuses the fp32 log-softmax into the output
+Given targets it returns its loss, not its logits (as nanoGPT's does), computed in
+`output_loss`: the final norm, the output layer and the loss, one region that torch.compile
+compiles as a graph of its own (compile.py), which fuses the fp32 log-softmax into the output
 layer's kernels. Computed after the forward, the logits would be written out in fp32 (6.6 GB
 for GPT-2 124M at 32 × 1024), read back by an uncompiled log-softmax and their gradient
 written again; on an H200 that left fp8train at 0.86× nanoGPT's tokens/s.
@@ -230,12 +231,20 @@ class GPT(nn.Module):
                 x = self.checkpoint_fn(block, x)
             else:
                 x = block(x)
-        x = self.norm_f(x[:, -1:] if last_only else x)
-        head = self.wte.weight if self.lm_head is None else self.lm_head.weight
-        logits = F.linear(x, head)
         if targets is None:
-            return logits
-        return lm_loss(logits, targets, penalty_type, penalty_weight)
+            return self.logits(x[:, -1:] if last_only else x)
+        return self.output_loss(x, targets, penalty_type, penalty_weight)
+
+    def logits(self, x: torch.Tensor) -> torch.Tensor:
+        """The final norm and the output layer: hidden states (B, T, C) -> logits."""
+        head = self.wte.weight if self.lm_head is None else self.lm_head.weight
+        return F.linear(self.norm_f(x), head)
+
+    def output_loss(self, x: torch.Tensor, targets: torch.Tensor, penalty_type: str = "none",
+                    penalty_weight: float = 0.0):
+        """The final norm, the output layer and the loss, from the last block's output: one
+        region for torch.compile (compile.py), where the fp32 logits never reach memory."""
+        return lm_loss(self.logits(x), targets, penalty_type, penalty_weight)
 
     def num_params(self, exclude_embeddings: bool = False) -> int:
         n = sum(p.numel() for p in self.parameters())
@@ -282,13 +291,3 @@ def generate(model: nn.Module, idx: torch.Tensor, max_new_tokens: int, vocab_siz
 
 def _recompute_in_backward(block: nn.Module, x: torch.Tensor) -> torch.Tensor:
     return checkpoint(block, x, use_reentrant=False)
-
-
-def compiled(module: nn.Module, model_cfg) -> nn.Module:
-    """`module` as the run executes it: torch.compile'd in compile_mode when `compile` is set in
-    `model_cfg` (the config's model section, or the whole config) — the training step, the
-    micro-batch probe's trials and fp8_layers auto's timing alike; else itself."""
-    if not model_cfg.compile:
-        return module
-    mode = model_cfg.compile_mode
-    return torch.compile(module, mode=None if mode == "default" else mode)

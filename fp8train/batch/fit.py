@@ -33,7 +33,7 @@ import torch
 from ..config.schema import Config
 from ..errors import BadInput, is_out_of_memory, one_line
 from ..io import read_entry, write_entry
-from ..model import compiled
+from ..compile import compile_model
 from ..ranks import RankFailed, gather
 from .plan import BatchPlan, nearest_valid_targets
 from .speed import (TIMED_STEPS, Speed, StepTimes, Timing, agree_speed, cached_speed, fastest,
@@ -148,7 +148,7 @@ def make_trial(build_model: Callable[[], torch.nn.Module], build_precision, buil
     def _step(prec, micro: int, timed_steps: int) -> StepTimes:
         model = prec.convert(build_model().to(device))
         model.train()
-        step_model = compiled(model, cfg)
+        step_model, _ = compile_model(model, cfg)   # as the run compiles it
         opt = build_optimizer(model)
         x = torch.randint(0, vocab_size, (micro, cfg.seq_len), device=device)
         # AdamW allocates its two moments at its first step, after that step's activations are

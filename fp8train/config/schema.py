@@ -97,6 +97,12 @@ class Config:
         "overhead for small models) | max-autotune | max-autotune-no-cudagraphs", "model",
         choices=("default", "reduce-overhead", "max-autotune", "max-autotune-no-cudagraphs"),
                              resume="free")
+    compile_scope: str = _key(
+        "auto", "what torch.compile compiles: blocks (each transformer block, one graph shared "
+        "by all, and the output layer with the loss) | model (the whole model as one graph) | "
+        "auto (blocks; model under reduce-overhead and max-autotune, whose CUDA graphs "
+        "overwrite the outputs of separately compiled blocks)", "model",
+        choices=("auto", "blocks", "model"), resume="free")
     # --- batch ----------------------------------------------------------------------------------
     batch_size: int = _key(8, "micro-batch per device, in sequences", "batch", min=1,
                            resume="free")

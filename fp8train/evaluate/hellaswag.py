@@ -17,6 +17,7 @@ import json
 import torch
 import torch.nn.functional as F
 
+from ..compile import eager
 from ..errors import BadInput, one_line
 
 HUB_DATASET = "Rowan/hellaswag"
@@ -141,9 +142,10 @@ class HellaSwag:
         net = self.acc.unwrap_model(model, keep_torch_compile=False)
         was_training = net.training
         net.eval()
-        total = score(net, self.examples, self.tokenizer, self.mcfg.block_size,
-                      self.mcfg.vocab_size, self.acc.device, self.prec.sampling_context,
-                      self.acc.process_index, self.acc.num_processes)
+        with eager():   # blocks compiled in place run eagerly: every example has its length
+            total = score(net, self.examples, self.tokenizer, self.mcfg.block_size,
+                          self.mcfg.vocab_size, self.acc.device, self.prec.sampling_context,
+                          self.acc.process_index, self.acc.num_processes)
         net.train(was_training)
         total = self.acc.reduce(total, "sum")
         return (total[0] / total[1]).item()

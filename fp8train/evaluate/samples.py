@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import torch
 
+from ..compile import eager
 from ..data.tokenizers import build_tokenizer
 from ..errors import BadInput
 from ..model import generate
@@ -30,11 +31,12 @@ class TextSampler:
         prompts = torch.cat([x for x, _ in eval_set])[:self.ev.eval_samples, :self.prompt_tokens]
         device = self.acc.device
         gen = torch.Generator(device=device).manual_seed(self.seed)
-        # No DDP hooks, no torch.compile recompiling for every length (FSDP stays FSDP).
+        # No DDP hooks, no torch.compile recompiling for every length (FSDP stays FSDP; blocks
+        # compiled in place run eagerly).
         net = self.acc.unwrap_model(model, keep_torch_compile=False)
         was_training = net.training
         net.eval()
-        with torch.no_grad(), self.prec.sampling_context():
+        with torch.no_grad(), self.prec.sampling_context(), eager():
             out = generate(net, prompts.to(device), self.ev.sample_tokens, self.mcfg.vocab_size,
                            self.mcfg.block_size, gen)
         net.train(was_training)

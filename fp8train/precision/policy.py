@@ -40,7 +40,7 @@ from torch import nn
 
 from ..batch.fit import release_memory
 from ..io import read_entry, write_entry
-from ..model import compiled
+from ..compile import compile_module
 from ..ranks import on_rank0, rank_world
 from .layers import select_linears, shape_of
 
@@ -336,7 +336,7 @@ def _step(layer: nn.Module, x: torch.Tensor, base, fp8, cfg=None) -> Callable[[]
     layers in high precision that win in the compiled run."""
     dtype = _autocast_dtype(base)
     grad: list = []
-    run = compiled(layer, cfg) if cfg is not None else layer
+    run = compile_module(layer, cfg) if cfg is not None else layer
 
     def step() -> None:
         autocast = torch.autocast(x.device.type, dtype=dtype) if dtype else \

@@ -33,7 +33,8 @@ from ..evaluate.evaluator import missed as missed_eval
 from ..evaluate.hellaswag import HellaSwag
 from ..evaluate.samples import TextSampler
 from ..io import writable_dir
-from ..model import compiled, model_config_from
+from ..compile import compile_model
+from ..model import model_config_from
 from ..observe.logger import Logger
 from ..observe.metrics import Meter, WallClock, device_name, peak_note
 from ..observe.profiling import StepProfiler
@@ -379,7 +380,8 @@ def _net(cfg: Config, mcfg, prec: Precision, acc, batch: BatchDecision, checkpoi
     log.msg(describe_optimizer(optimizer, section(cfg, "optimizer")))
     model, optimizer = acc.prepare(model, optimizer)
     prec.after_prepare(acc)
-    prepared, model = model, compiled(model, section(cfg, "model"))
+    prepared, (model, how) = model, compile_model(model, section(cfg, "model"))
+    log.msg(how)
     health = Health(acc.device, cfg.loss_spike_factor)
     max_norm = cfg.grad_clip if cfg.grad_clip > 0 else float("inf")
     net = Net(model, optimizer, prec, health, section(cfg, "loss"), max_norm,

@@ -228,12 +228,23 @@ def test_bf16_autocast_on_cpu_tracks_fp32(tmp_path):
 
 @pytest.mark.slow
 def test_compiled_model_trains_and_checkpoints_like_eager(tmp_path):
-    """--compile wraps the prepared model with torch.compile: same numbers as eager (up to
-    kernel fusion), and checkpoints that either mode can load (no _orig_mod. prefixes)."""
+    """--compile compiles each block (one graph for both, and one for the output layer and
+    loss): the first step ran those graphs (counted by dynamo: a compile that silently does not
+    run fails here), with eager's numbers (up to kernel fusion), and checkpoints that either
+    mode can load (no _orig_mod. prefixes). The whole-model scope: tests/e2e/test_compile.py."""
+    import subprocess
+    import sys
     a, b = tmp_path / "eager", tmp_path / "compiled"
     assert run_train(*tiny_args(a, max_steps=4, eval_interval=4)).returncode == 0
-    r = run_train(*tiny_args(b, max_steps=4, eval_interval=4), "--compile")
+    counts = tmp_path / "graphs.json"
+    r = subprocess.run([sys.executable, "tests/support/train_counting_graphs.py",
+                        *tiny_args(b, max_steps=4, eval_interval=4), "--compile"],
+                       cwd=ROOT, capture_output=True, text=True, timeout=600,
+                       env=dict(os.environ, FP8TRAIN_DATA_DIR=DATA_DIR,
+                                FP8TRAIN_GRAPHS_JSON=str(counts)))
     assert r.returncode == 0, r.stderr[-3000:]
+    assert json.loads(counts.read_text())["graphs"] == 2
+    assert "compile: per block (2 Block blocks" in r.stdout
     pa, pb = final_params(a), final_params(b)
     assert pa.keys() == pb.keys()
     np.testing.assert_allclose([x["val/loss"] for x in rows(a) if "val/loss" in x],
