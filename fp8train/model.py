@@ -246,6 +246,17 @@ class GPT(nn.Module):
         region for torch.compile (compile.py), where the fp32 logits never reach memory."""
         return lm_loss(self.logits(x), targets, penalty_type, penalty_weight)
 
+    def fused_parts(self) -> dict:
+        """{parameter name: row counts} of the Linears that hold several logical matrices in
+        one GEMM: q, k and v (attn.qkv), and SwiGLU's gate and up (mlp.fc)."""
+        out = {}
+        for i, block in enumerate(self.blocks):
+            a, kv = block.attn, block.attn.kv_heads * block.attn.head_dim
+            out[f"blocks.{i}.attn.qkv.weight"] = [a.n_head * a.head_dim, kv, kv]
+            if block.mlp.swiglu:
+                out[f"blocks.{i}.mlp.fc.weight"] = [self.mcfg.ffn_hidden_size] * 2
+        return out
+
     def num_params(self, exclude_embeddings: bool = False) -> int:
         n = sum(p.numel() for p in self.parameters())
         if exclude_embeddings:

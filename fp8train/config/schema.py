@@ -149,6 +149,9 @@ class Config:
                                 max=0.9999)
     muon_weight_decay: float = _key(0.0, "muon: decoupled weight decay of the hidden matrices "
                                     "(x muon_lr per step)", "optimizer", min=0.0)
+    muon_split_fused: bool = _key(
+        True, "muon: orthogonalise the logical matrices inside fused projections (q, k and v; "
+        "SwiGLU's gate and up) each on its own, not the fused matrix whole", "optimizer")
     min_lr_ratio: float = _key(0.1, "final LR as a fraction of learning_rate (reached at the "
                                "last step of the schedule)", "optimizer", min=0.0, max=1.0)
     lr_schedule: str = _key(

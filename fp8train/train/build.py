@@ -362,7 +362,8 @@ def _net(cfg: Config, mcfg, prec: Precision, acc, batch: BatchDecision, checkpoi
     model = new_model(mcfg, batch.activation_checkpointing)
     n_params, flops_per_token = model.num_params(), model.flops_per_token()
     if cfg.optimizer == "muon":   # MFU counts the orthogonalisations too, per token of a step
-        flops_per_token += muon_flops_per_step(model) / (batch.plan.effective * cfg.seq_len)
+        flops_per_token += muon_flops_per_step(model, section(cfg, "optimizer")) / \
+            (batch.plan.effective * cfg.seq_len)
     log.msg(f"model: {cfg.model} ({mcfg.arch}, {mcfg.n_layer} layers, d={mcfg.n_embd}, "
             f"{mcfg.n_head} heads), {n_params / 1e6:.2f}M parameters "
             f"({model.num_params(exclude_embeddings=True) / 1e6:.2f}M non-embedding), "
@@ -376,7 +377,9 @@ def _net(cfg: Config, mcfg, prec: Precision, acc, batch: BatchDecision, checkpoi
         log.msg(prec.describe())
     for caution in prec.cautions():
         log.warn(caution)
-    optimizer = build_optimizer(model, section(cfg, "optimizer"))
+    # Muon under DDP: each rank orthogonalises its share of the matrices (FSDP: refused).
+    optimizer = build_optimizer(model, section(cfg, "optimizer"), rank=acc.process_index,
+                                world=acc.num_processes, compiled=cfg.compile)
     log.msg(describe_optimizer(optimizer, section(cfg, "optimizer")))
     model, optimizer = acc.prepare(model, optimizer)
     prec.after_prepare(acc)

@@ -1,6 +1,7 @@
 """The optimizer: AdamW's groups, and Muon for the hidden matrices (compared with
 torch.optim.Muon, which computes the same update), skipping a non-finite step on the device,
-its state through a checkpoint, and its FLOPs."""
+its state through a checkpoint, and its FLOPs. Muon's update itself (batched, shared between
+ranks, compiled): tests/unit/test_muon.py."""
 import copy
 
 import pytest
@@ -9,8 +10,9 @@ import torch
 from fp8train.config.load import Config
 from fp8train.errors import BadInput
 from fp8train.model import GPT, model_config_from
-from fp8train.train.optimizer import (NS_STEPS, MuonAdamW, build_optimizer, check_distributed,
-                                      muon_flops_per_step, newton_schulz)
+from fp8train.train.muon import NS_STEPS
+from fp8train.train.optimizer import (MuonAdamW, build_optimizer, check_distributed,
+                                      muon_flops_per_step, muon_parts)
 
 
 def tiny(seed=0):
@@ -51,25 +53,6 @@ def test_muon_takes_the_blocks_matrices_and_adamw_the_rest():
     assert n == len(list(model.parameters()))
 
 
-def test_newton_schulz_leaves_singular_values_near_one():
-    torch.manual_seed(0)
-    for shape in [(64, 32), (32, 64), (384, 128)]:
-        g = torch.randn(shape) * 1e3
-        s = torch.linalg.svdvals(newton_schulz(g).float())
-        assert newton_schulz(g).shape == g.shape
-        assert 0.5 < s.min() and s.max() < 1.3      # ~ U V^T, as Muon's iteration is tuned to
-
-
-def pair(lr=0.02, wd=0.1, momentum=0.95):
-    torch.manual_seed(0)
-    w = torch.nn.Parameter(torch.randn(48, 32))
-    ref_w = torch.nn.Parameter(w.detach().clone())
-    ours = MuonAdamW([{"params": [w], "muon": True, "weight_decay": wd, "momentum": momentum}],
-                     lr=lr, fused=True)
-    ref = torch.optim.Muon([ref_w], lr=lr, weight_decay=wd, momentum=momentum)
-    return w, ours, ref_w, ref
-
-
 @pytest.mark.parametrize("shape", [(48, 32), (32, 48)])
 def test_the_muon_update_is_torch_optim_muons(shape):
     torch.manual_seed(0)
@@ -83,8 +66,12 @@ def test_the_muon_update_is_torch_optim_muons(shape):
         ref_w.grad = w.grad.clone()
         ours.step()
         ref.step()
-        assert torch.equal(w, ref_w)
-        assert torch.equal(ours.state[w]["momentum_buffer"], ref.state[ref_w]["momentum_buffer"])
+        # The same Newton-Schulz bits; the LR and decay factors are device tensors here (not
+        # constants of a compiled graph; a skipped step multiplies them by 0), rounded in fp32
+        # where torch.optim.Muon rounds Python floats: a last-bit difference at most.
+        torch.testing.assert_close(w, ref_w, rtol=0, atol=1e-6)
+        torch.testing.assert_close(ours.state[w]["momentum_buffer"],
+                                   ref.state[ref_w]["momentum_buffer"], rtol=0, atol=1e-7)
 
 
 def test_a_non_finite_step_is_skipped_on_the_device_by_both_parts():
