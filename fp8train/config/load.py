@@ -14,7 +14,8 @@ from typing import Any
 
 from .command_line import HelpRequested, parse_cli
 from .help import help_text
-from .schema import DERIVED_SECTION, GROUPS, KEYS, Config, section, to_dict
+from .schema import DERIVED_SECTION, GROUPS, KEYS, Config, to_dict
+from .sections import section
 from .validate import validate
 from .values import apply_mapping, coerce
 from .yaml_files import StrictLoader, dump_yaml, read_yaml

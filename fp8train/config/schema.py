@@ -1,6 +1,6 @@
 """The config schema: every key with its type, default, bounds, one-line doc, group and whether
-a resumed run may change it; the typed section of each group (`--help` is made from it in
-help.py).
+a resumed run may change it (`--help` is made from it in help.py; the typed section of each
+group in sections.py).
 
 Standard library only: imported before torch, so `--help` and config errors are instant.
 """
@@ -249,6 +249,10 @@ class Config:
     fp8_auto_margin: float = _key(
         0.05, "fp8_layers auto: convert a shape only when FP8 is at least this much faster "
         "(0.05: speed-up >= 1.05x)", "fp8", min=0.0)
+    fp8_choice_budget_s: float = _key(
+        300.0, "fp8_recipe / fp8_backend auto and fp8_layers auto: seconds each rank may spend "
+        "timing FP8 at start (compiles included); candidates not reached are listed as not "
+        "timed", "fp8", gt=0.0, resume="free")
     fp8_min_layer_size: int = _key(
         0, "fp8_layers min_size: convert only Linears with at least this many weights "
         "(in x out)", "fp8", min=0)
@@ -431,22 +435,3 @@ def _describe(f, types: dict = TYPE_WORDS, choices: str = "one of {}", choice=st
 
 def to_dict(cfg: Config) -> dict:
     return {f.name: getattr(cfg, f.name) for f in key_fields()}
-
-
-def _section_class(group: str):
-    fs = [f for f in key_fields() if f.metadata["group"] == group]
-    cls = dataclasses.make_dataclass(
-        f"{group.title()}Section", [(f.name, f.type) for f in fs] + [("source", str)],
-        frozen=True)
-    cls.__doc__ = f"The config's {group} keys (see docs/config.md), and where they came from."
-    return cls
-
-
-SECTIONS = {g: _section_class(g) for g in GROUPS}
-
-
-def section(cfg: Config, group: str):
-    """The typed, frozen section of the config that one component receives: only its keys
-    (and `source`, for error messages)."""
-    cls = SECTIONS[group]
-    return cls(**{f.name: getattr(cfg, f.name) for f in fields(cls)})

@@ -3,37 +3,47 @@ GPU for this model's Linear shapes, among those whose numerics pass a check agai
 
 Which recipe wins depends on the GPU, the shapes and the token count: nanochat measured
 torchao's rowwise slower than bf16 (0.90x) where tensorwise was faster; torchtitan measured
-rowwise 1.05x and tensorwise 1.25x at 8B. So `auto` tries each candidate with the harness of
-fp8_layers: auto (policy.py): every distinct eligible shape timed forward + backward at the
-run's token count against the base precision, compiled when the run compiles, cached in
-fp8_layers.json under the same key fp8_layers: auto uses (so its decision afterwards times
-nothing), timed by rank 0 alone and shared with one all-gather.
+rowwise 1.05x and tensorwise 1.25x at 8B. So `auto` times each candidate with the harness of
+fp8_layers: auto (timing.py): every distinct eligible shape, forward + backward at the run's
+token count, compiled when the run compiles, cached in fp8_layers.json under the key fp8_layers:
+auto uses (so its decision afterwards times nothing).
 
 - Candidates: the backend's recipes (te: delayed, current, block where TE says the GPU runs it;
   torchao: tensorwise, rowwise; native: delayed, current), or with fp8_backend: auto those of
   every backend that can run here (a machine without Transformer Engine still gets the best
   FP8 it can run). One that cannot run is listed with TE's or the import's reason.
 - A candidate's time: the converted Linears of one micro-batch as the run would run them
-  (with fp8_layers: auto, each shape in FP8 only where FP8 wins by fp8_auto_margin).
-- Numerics: one layer of each shape, the same weights, inputs and output gradient in bf16 and
-  in FP8 (after a few steps, so that delayed scaling has a history): the relative error
-  ||fp8 - bf16|| / ||bf16|| of the output must stay under MAX_OUTPUT_ERROR and of the input
-  gradient under MAX_GRAD_ERROR, at every shape. E4M3 (3 mantissa bits) rounds each operand by
-  at most 2^-4; a sound recipe lands at a few percent; one that underflows or saturates lands
-  near 1.
+  (with fp8_layers: auto, each shape in FP8 only where FP8 wins by fp8_auto_margin). The base
+  precision is timed once per shape; each candidate is compiled once per shape and forgotten
+  before the next. The table says how long Python took to queue each step against the GPU's
+  time (host / device): a ratio near 1 or above means the timing is host-bound.
+- Numerics (numerics.py): one layer of each shape, with the model's weights, input rows and
+  output gradient captured from one forward and backward of the model on the run's data, in
+  bf16 and in FP8 (after a few steps, so that delayed scaling has a history): the relative
+  error ||fp8 - bf16|| / ||bf16|| of the output must stay under MAX_OUTPUT_ERROR and of the
+  input gradient under MAX_GRAD_ERROR, at every shape. E4M3 (3 mantissa bits) rounds each
+  operand by at most 2^-4; a sound recipe lands at a few percent; one that underflows or
+  saturates lands near 1.
+- Ranks: with several, the candidates are shared out (rank r takes every world-th); each rank
+  times the base precision for its own and checks their numerics, and one bounded agreement
+  (ranks.Phase) gives every rank the whole table: no rank sits in a collective while another
+  compiles, and a stop signal ends the wait at once. Speeds compare as ratios to each rank's
+  own base-precision time. Rank 0 writes the cache.
+- Cost: the whole choice's seconds and graphs compiled are in the log and the record;
+  `fp8_choice_budget_s` caps it (candidates not reached are listed as not timed).
 - The fastest candidate that passes is taken; none passing keeps the backend's default, with a
   warning. The choice and the table go to the log, config.yaml (derived: fp8_backend,
   fp8_recipe, fp8_choice), W&B and summary.json; a resumed run takes its checkpoint's choice.
 - On a CPU nothing is timed (FP8 is emulated, slower whatever the recipe): auto takes the
   backend's default (native's with fp8_backend: auto) and says why.
-- The choosing logic is a pure function of injected `timer_for` and `numerics_for`, tested on
-  a CPU; `cuda_numerics` and policy.cuda_timer are the real ones."""
+- The choosing logic takes an injected `timer` (timing.LayerTimer's interface) and
+  `numerics_for`, tested on a CPU; the real ones run on any device (a CPU: the tests)."""
 from __future__ import annotations
 
-import contextlib
 import dataclasses
 import math
-from dataclasses import dataclass
+import time
+from dataclasses import dataclass, field
 from typing import Callable, Optional
 
 import torch
@@ -91,10 +101,24 @@ class Trial:
     output_error: Optional[float] = None
     grad_error: Optional[float] = None
     cached: bool = False
+    host_ratio: Optional[float] = None  # Python's queuing time / the GPU's, worst shape
+    rank: int = 0                       # the rank that timed it
+    skipped: Optional[str] = None       # not timed: the budget ran out
+    # shape -> (base s, fp8 s): what the cache stores (left out of the record)
+    timings: dict = field(default_factory=dict, repr=False)
 
     @property
     def name(self) -> str:
         return f"{self.backend} {self.recipe}"
+
+    @property
+    def speedup(self) -> float:
+        """Base-precision time / this recipe's: comparable between ranks (each times its own
+        base)."""
+        return self.base_seconds / self.seconds if self.seconds else math.inf
+
+    def measured(self) -> bool:
+        return self.why_not is None and self.skipped is None and self.seconds is not None
 
     def numerics_pass(self) -> bool:
         return self.output_error is not None and self.output_error <= MAX_OUTPUT_ERROR and \
@@ -112,150 +136,118 @@ def step_seconds(timings: dict, counts: dict, layers: str, margin: float) -> "tu
     return run, base
 
 
-def try_all(cfg, make: Callable[[object], object], device: torch.device, counts: dict,
-            measure: Callable, timer_for: Callable, numerics_for: Callable) -> list:
-    """A Trial of each candidate: `make(config)` builds that backend, `measure(backend, timer)`
-    returns policy.Measured for the shapes, `timer_for(backend)` and `numerics_for(backend)`
-    give its timer and its (output error, gradient error)."""
+@dataclass
+class Share:
+    """One rank's part of the choice: its (candidate index, Trial)s and what they cost."""
+    trials: list
+    seconds: float = 0.0
+    graphs: int = 0
+
+
+def try_share(cfg, mine: list, make: Callable[[object], object], device: torch.device,
+              counts: dict, cached: Callable, timer, numerics_for: Callable,
+              budget_s: float) -> Share:
+    """Time and check each of `mine` ((index, Trial) of this rank): `make(config)` builds a
+    candidate's backend, `cached(backend)` returns its timings from the cache or None,
+    `timer` (timing.LayerTimer) times the shapes, `numerics_for(backend)` gives its (output
+    error, gradient error). Candidates not started before `budget_s` is spent are skipped."""
     from ..errors import one_line
-    trials = []
-    for backend_name, recipe in candidates(cfg):
-        trial = Trial(backend_name, recipe)
-        trials.append(trial)
-        backend = make(concrete(cfg, backend_name, recipe))
+    t0 = time.monotonic()
+    for _, trial in mine:
+        backend = make(concrete(cfg, trial.backend, trial.recipe))
         # A candidate that fails (a recipe TE refuses for this format, out of memory at this
         # token count, a kernel this GPU lacks) is listed with why, not the end of the run.
         try:
             trial.why_not = backend.unavailable(device)
             if trial.why_not:
                 continue
-            measured = measure(backend, timer_for(backend))
-            trial.cached = measured.cached
+            if time.monotonic() - t0 > budget_s:
+                trial.skipped = (f"not timed: fp8_choice_budget_s ({budget_s:g} s) was spent "
+                                 f"before it")
+                continue
+            timings = cached(backend)
+            trial.cached = timings is not None
+            if timings is None:
+                timings, ratios = {}, []
+                for shape in counts:
+                    base, fp8 = timer.base(shape), timer.fp8(backend, shape)
+                    timings[shape] = (base.seconds, fp8.seconds)
+                    ratios += [base.host_ratio, fp8.host_ratio]
+                trial.host_ratio = max(ratios)
+                timer.forget()   # one compile per candidate: the next starts afresh
+            trial.timings = timings
             trial.seconds, trial.base_seconds = step_seconds(
-                measured.timings, counts, cfg.fp8_layers, cfg.fp8_auto_margin)
+                timings, counts, cfg.fp8_layers, cfg.fp8_auto_margin)
             trial.output_error, trial.grad_error = numerics_for(backend)
         except Exception as e:
             trial.why_not, trial.seconds = f"failed: {one_line(e, with_type=True)}", None
-    return trials
+    return Share(list(mine), time.monotonic() - t0, timer.graphs)
 
 
 def pick(trials: list) -> Optional[Trial]:
-    """The fastest trial whose numerics pass (the first of equals); None if none does."""
-    good = [t for t in trials if t.why_not is None and t.seconds is not None and
-            t.numerics_pass()]
-    return min(good, key=lambda t: t.seconds) if good else None
+    """The fastest trial (the largest speed-up over the base precision) whose numerics pass,
+    the first of equals; None if none does."""
+    good = [t for t in trials if t.measured() and t.numerics_pass()]
+    return max(good, key=lambda t: t.speedup) if good else None
 
 
 def verdict_of(t: Trial, chosen: Optional[Trial]) -> str:
     if t.why_not:
         return f"cannot run: {t.why_not}"
+    if t.skipped:
+        return t.skipped
     if not t.numerics_pass():
         return (f"numerics: output error {t.output_error:.1%} (at most {MAX_OUTPUT_ERROR:.0%}), "
                 f"gradient {t.grad_error:.1%} (at most {MAX_GRAD_ERROR:.0%})")
     if t is chosen:
         return "chosen"
-    return f"slower: {t.seconds / chosen.seconds:.2f}x the chosen one's time"
+    return f"slower: {chosen.speedup / t.speedup:.2f}x the chosen one's time"
 
 
-def table(trials: list, chosen: Optional[Trial], tokens: int, base_name: str) -> list:
+def table(trials: list, chosen: Optional[Trial], tokens: int, base_name: str,
+          source: str = "the model's activations") -> list:
     """The log lines: what was compared, and each candidate's time, errors and verdict."""
+    from .timing import HOST_BOUND
     lines = [f"fp8 auto: each recipe's converted Linears, forward + backward of one micro-batch "
-             f"({tokens:,} tokens), against {base_name}; numerics vs {base_name} on the same "
-             f"shapes (output error at most {MAX_OUTPUT_ERROR:.0%}, input gradient "
+             f"({tokens:,} tokens), against {base_name}; numerics vs {base_name} on "
+             f"{source} (output error at most {MAX_OUTPUT_ERROR:.0%}, input gradient "
              f"{MAX_GRAD_ERROR:.0%})"]
     for t in trials:
-        if t.why_not:
+        if not t.measured():
             lines.append(f"  {t.name:<18} {verdict_of(t, chosen)}")
             continue
-        speed = t.base_seconds / t.seconds if t.seconds else math.inf
-        lines.append(f"  {t.name:<18} {t.seconds * 1e3:8.3f} ms ({speed:.2f}x {base_name}"
-                     f"{', cached' if t.cached else ''}); output error {t.output_error:.1%}, "
-                     f"gradient {t.grad_error:.1%}: {verdict_of(t, chosen)}")
+        host = "" if t.host_ratio is None else f", host/device {t.host_ratio:.2f}" + (
+            " host-bound" if t.host_ratio >= HOST_BOUND else "")
+        lines.append(f"  {t.name:<18} {t.seconds * 1e3:8.3f} ms ({t.speedup:.2f}x {base_name}"
+                     f"{', cached' if t.cached else ''}{host}); output error "
+                     f"{t.output_error:.1%}, gradient {t.grad_error:.1%}: "
+                     f"{verdict_of(t, chosen)}")
     return lines
 
 
-def record(trials: list, chosen: Optional[Trial]) -> dict:
+def record(trials: list, chosen: Optional[Trial], cost: Optional[dict] = None) -> dict:
     """fp8_choice, as config.yaml, W&B and summary.json hold it."""
-    return {"chosen": chosen.name if chosen else None,
-            "table": [dict(dataclasses.asdict(t), verdict=verdict_of(t, chosen))
-                      for t in trials]}
-
-
-# --- the real numerics check (CUDA) -------------------------------------------------------------
-
-def rel_error(a: torch.Tensor, b: torch.Tensor) -> float:
-    """||a - b|| / ||b||; inf when it is not finite (a NaN must fail the check, not pass it)."""
-    err = float(torch.linalg.vector_norm(a.float() - b.float()) /
-                torch.linalg.vector_norm(b.float()).clamp_min(1e-30))
-    return err if math.isfinite(err) else math.inf
-
-
-def cuda_numerics(shapes, device: torch.device, tokens: int, warmup: int = 3) -> Callable:
-    """numerics_for on a GPU (on a CPU too, emulated, for the tests): for each shape, one layer
-    converted by a timing copy of the backend, and an nn.Linear with the same weights in the
-    base precision (autocast, as Accelerate runs it); `warmup` training steps of the FP8
-    layer, then one step of each on the same input (at most 8,192 rows) and output gradient.
-    The worst errors over the shapes."""
-    from ..batch.fit import release_memory
-    from .policy import _autocast_dtype, _fp8_layer
-
-    def numerics_for(backend) -> "tuple[float, float]":
-        worst = [0.0, 0.0]
-        dtype = _autocast_dtype(backend.base)
-        rows = min(tokens, 8192)
-        for shape in shapes:
-            cuda = device.type == "cuda"
-            with torch.random.fork_rng(devices=[device] if cuda else []), \
-                    (torch.cuda.device(device) if cuda else contextlib.nullcontext()):
-                torch.manual_seed(0)
-                trial, layer = _fp8_layer(shape, backend, device)
-                ref = nn.Linear(shape[0], shape[1], bias=shape[2], device=device)
-                with torch.no_grad():
-                    ref.weight.copy_(layer.weight)
-                    if shape[2]:
-                        ref.bias.copy_(layer.bias)
-                x = torch.randn(rows, shape[0], device=device)
-                g = torch.randn(rows, shape[1], device=device)
-                try:
-                    for _ in range(warmup):
-                        _run(layer, x, g, dtype, trial)
-                    y, gx = _run(layer, x, g, dtype, trial)
-                    y_ref, gx_ref = _run(ref, x, g, dtype, None)
-                    worst[0] = max(worst[0], rel_error(y, y_ref))
-                    worst[1] = max(worst[1], rel_error(gx, gx_ref))
-                finally:
-                    del trial, layer
-                    backend.reset_trials()   # the trial's TE state, before the real model
-                    release_memory(device if cuda else None)
-        return worst[0], worst[1]
-
-    return numerics_for
-
-
-def _run(layer: nn.Module, x: torch.Tensor, g: torch.Tensor, dtype, fp8):
-    x = x.detach().clone().requires_grad_(True)
-    autocast = torch.autocast(x.device.type, dtype=dtype) if dtype else contextlib.nullcontext()
-    with autocast, (fp8.forward_context(training=True) if fp8 else contextlib.nullcontext()):
-        y = layer(x)
-    y.backward(g.to(y.dtype))
-    if fp8 is not None:
-        fp8.after_backward()
-    layer.zero_grad(set_to_none=True)
-    return y.detach().float(), x.grad.float()
+    rows = []
+    for t in trials:
+        row = dataclasses.asdict(t)
+        row.pop("timings")
+        rows.append(dict(row, verdict=verdict_of(t, chosen)))
+    return {"chosen": chosen.name if chosen else None, "table": rows, **(cost or {})}
 
 
 # --- the run's entry point ----------------------------------------------------------------------
 
 def choose(cfg, prec, model: nn.Module, saved: Optional[dict], info: Callable[[str], None],
            warn: Callable[[str], None], build: Callable, run_dir: Optional[str] = None, *,
-           device: Optional[torch.device] = None, timer_for: Optional[Callable] = None,
-           numerics_for: Optional[Callable] = None):
+           device: Optional[torch.device] = None, timer=None,
+           numerics_for: Optional[Callable] = None, sample: Optional[Callable] = None):
     """The run's precision once fp8 auto has chosen: `prec` (built from the provisional config,
     its token count set) or a backend of the chosen recipe, made by `build(config)` (the run's
     build_precision). `model`: the unconverted model (on the meta device will do: only its
     Linears' shapes are read); `device`: where the run trains (default the model's); `saved`:
-    the resumed checkpoint's derived values. `timer_for` and `numerics_for` replace the CUDA
-    measurements (tests)."""
+    the resumed checkpoint's derived values; `sample(shapes)`: numerics.Sample per shape from
+    the model on real data (None: Gaussian noise). `timer` and `numerics_for` replace the
+    real measurements (tests; with `timer` a CPU times too)."""
     if not is_auto(cfg) or not prec.fp8:
         return prec
     from .policy import _device_of, eligible_shapes
@@ -266,7 +258,7 @@ def choose(cfg, prec, model: nn.Module, saved: Optional[dict], info: Callable[[s
         chosen = build(concrete(cfg, saved["fp8_backend"], saved["fp8_recipe"]))
         return _with_choice(chosen, prec, dict(chosen=name, table=[], note="resumed"))
     default = f"{prec.label} {prec.cfg.fp8_recipe}"
-    if device.type != "cuda" and timer_for is None:
+    if device.type != "cuda" and timer is None:
         note = (f"nothing timed on {device.type} (FP8 is emulated there, slower whatever the "
                 f"recipe): {default}, the default")
         info(f"fp8 auto: {note}")
@@ -275,11 +267,13 @@ def choose(cfg, prec, model: nn.Module, saved: Optional[dict], info: Callable[[s
     if not counts:
         info(f"fp8 auto: no eligible Linear to time: {default}, the default")
         return _with_choice(prec, prec, dict(chosen=default, table=[], note="no eligible layer"))
-    trials = _measured(cfg, prec, device, counts, run_dir, timer_for, numerics_for)
+    trials, cost, source = _measured(cfg, prec, device, counts, run_dir, timer, numerics_for,
+                                     sample)
     best = pick(trials)
-    for line in table(trials, best, prec.tokens, prec.base.name):
+    for line in table(trials, best, prec.tokens, prec.base.name, source):
         info(line)
-    choice = record(trials, best)
+    info(cost_line(trials, cost, cfg.fp8_choice_budget_s))
+    choice = record(trials, best, cost)
     if best is None:
         warn(f"fp8 auto: no recipe passed the numerics check (the table above): training with "
              f"{default}, the default; set fp8_recipe to choose another")
@@ -290,29 +284,92 @@ def choose(cfg, prec, model: nn.Module, saved: Optional[dict], info: Callable[[s
              f"{prec.tokens:,} tokens (the fastest, {best.name}, takes "
              f"{best.seconds / best.base_seconds:.2f}x their {prec.base.name} time): FP8 costs "
              f"time here; use_fp8: false trains faster")
+    if any(t.host_ratio is not None and t.host_ratio >= _host_bound() for t in trials):
+        warn("fp8 auto: some timings are host-bound (host/device at or above "
+             f"{_host_bound():g} in the table above: the GPU waited for Python), so they measure "
+             "launch overhead more than the layers; compile: true (or a larger micro-batch) "
+             "gives timings of the GPU")
     chosen = prec if best.name == default else build(concrete(cfg, best.backend, best.recipe))
     return _with_choice(chosen, prec, choice)
 
 
-def _measured(cfg, prec, device, counts, run_dir, timer_for, numerics_for) -> list:
-    """try_all on rank 0 with the cache of fp8_layers auto; every rank gets the trials."""
-    from ..ranks import on_rank0
-    from .backends import fp8_backends
-    from .policy import cache_path, cuda_timer, layer_cache_key, measure
-    tokens, path = prec.tokens, cache_path(cfg, run_dir)
-    timer_for = timer_for or (lambda backend: cuda_timer(backend, device, tokens))
-    numerics_for = numerics_for or cuda_numerics(list(counts), device, tokens)
+def _host_bound() -> float:
+    from .timing import HOST_BOUND
+    return HOST_BOUND
 
-    def measure_backend(backend, timer):
-        key = layer_cache_key(backend, device, tokens, counts)
-        return measure(list(counts), key, path, timer, refresh=cfg.reprobe)
+
+def cost_line(trials: list, cost: dict, budget_s: float) -> str:
+    measured = [t for t in trials if t.measured()]
+    cached = sum(t.cached for t in measured)
+    unable = sum(t.why_not is not None for t in trials)
+    skipped = sum(t.skipped is not None for t in trials)
+    parts = [f"{len(measured)} measured" + (f" ({cached} from the cache)" if cached else "")]
+    if unable:
+        parts.append(f"{unable} cannot run")
+    if skipped:
+        parts.append(f"{skipped} over the budget")
+    ranks = cost["ranks"]
+    return (f"fp8 auto: {len(trials)} candidates ({', '.join(parts)}) in {cost['seconds']:.1f} s"
+            f"{f' over {ranks} ranks' if ranks > 1 else ''}; {cost['graphs']} graphs compiled; "
+            f"budget {budget_s:g} s (fp8_choice_budget_s)")
+
+
+# The wait for the slowest rank's share: its budget twice (a candidate started just before the
+# budget ran out still finishes) and ten minutes for compiles beyond it.
+def wait_s(budget_s: float) -> float:
+    return 2 * budget_s + 600
+
+
+def _measured(cfg, prec, device, counts, run_dir, timer, numerics_for, sample):
+    """(the trials in candidate order, the cost, what the numerics ran on): each rank its share
+    of the candidates (ranks.Phase), with the cache of fp8_layers auto, which rank 0 writes."""
+    from ..ranks import Phase, rank_world
+    from .backends import fp8_backends
+    from .numerics import checker, gaussian
+    from .policy import cache_path, layer_cache_key, read_cache, write_cache
+    from .timing import LayerTimer
+    tokens, path = prec.tokens, cache_path(cfg, run_dir)
+    rank, world = rank_world()
+    trials = [Trial(b, r) for b, r in candidates(cfg)]
+    mine = [(i, t) for i, t in enumerate(trials) if i % world == rank]
+    for _, t in mine:
+        t.rank = rank
+    source = "the model's activations" if sample is not None else "Gaussian noise"
+
+    def key(backend):
+        return layer_cache_key(backend, device, tokens, counts)
+
+    def cached(backend):
+        return None if cfg.reprobe else read_cache(path, key(backend))
 
     def make(config):
         return fp8_backends()[config.fp8_backend](config, prec.base, run_dir)
 
-    return on_rank0(lambda: try_all(cfg, make, device, counts, measure_backend, timer_for,
-                                    numerics_for),
-                    "fp8 auto: timing the recipes", " (name fp8_backend and fp8_recipe to skip it)")
+    def share() -> Share:
+        nonlocal numerics_for
+        if numerics_for is None:
+            samples = sample(list(counts)) if sample is not None else \
+                gaussian(list(counts), device, tokens)
+            numerics_for = checker(samples, device)
+        return try_share(cfg, mine, make, device, counts, cached,
+                         timer or LayerTimer(device, tokens, prec.base, cfg), numerics_for,
+                         cfg.fp8_choice_budget_s)
+
+    with Phase("fp8 auto: timing the recipes", wait_s(cfg.fp8_choice_budget_s)) as phase:
+        shares = phase.each(share, " (name fp8_backend and fp8_recipe to skip it)")
+    ordered = [t for _, t in sorted((it for s in shares for it in s.trials),
+                                    key=lambda it: it[0])]
+    if rank == 0:   # one writer of the cache
+        for t in ordered:
+            if t.measured() and not t.cached:
+                try:
+                    write_cache(path, key(make(concrete(cfg, t.backend, t.recipe))), t.timings,
+                                0.0)
+                except OSError:
+                    pass   # not cached: timed again next time
+    cost = dict(seconds=round(max(s.seconds for s in shares), 2),
+                graphs=sum(s.graphs for s in shares), ranks=world)
+    return ordered, cost, source
 
 
 def _with_choice(chosen, provisional_prec, choice: dict):

@@ -12,10 +12,13 @@ where FP8 is faster by at least fp8_auto_margin; layers that share a shape share
 
 - The decision, the cache and the agreement between ranks are pure functions of an injected
   timer, `time_shape(shape) -> (base seconds, fp8 seconds)`, so they are tested on a CPU.
-  `cuda_timer` is the real one: warm-up, then CUDA events, the median of several repeats.
+  `device_timer` is the real one (timing.py: warm-up, then CUDA events with Python's queuing
+  time kept apart, the median of several repeats).
 - Only rank 0 times, or reads the cache. It shares its timings with one all-gather, which also
-  carries its error, so every rank decides the same and no rank waits alone in a collective.
-  The timing copy of a TE backend does not all-reduce its amaxes, for the same reason.
+  carries its error, so every rank decides the same. The others wait for it in a ranks.Phase:
+  on a CPU group of its own, bounded, and ended at once by a stop signal, never inside a
+  collective of the default process group (whose NCCL timeout would end the job). The timing
+  copy of a TE backend does not all-reduce its amaxes, for the same reason.
 - Timings are cached in fp8_layers.json beside batch_probe.json, keyed on what changes them:
   GPU, backend, recipe or format, base precision, versions, token count and shapes. A cache hit
   times nothing. The margin is applied when deciding, so changing it re-decides without
@@ -29,7 +32,6 @@ from __future__ import annotations
 import contextlib
 import importlib
 import os
-import statistics
 import time
 from collections import OrderedDict
 from dataclasses import dataclass
@@ -38,10 +40,8 @@ from typing import Callable, Optional
 import torch
 from torch import nn
 
-from ..batch.fit import release_memory
 from ..io import read_entry, write_entry
-from ..compile import compile_module
-from ..ranks import on_rank0, rank_world
+from ..ranks import Phase, on_rank0, rank_world
 from .layers import select_linears, shape_of
 
 CACHE_FILE = "fp8_layers.json"
@@ -114,13 +114,17 @@ def decide(counts: "OrderedDict[Shape, int]", key: dict, path: str, time_shape: 
            margin: float, base_name: str, label: str, tokens: int,
            info: Callable[[str], None], rank: int = 0, world: int = 1,
            gather: Optional[Callable[[object], list]] = None,
-           refresh: bool = False) -> "tuple[dict, Measured]":
-    """fp8_layers auto for these shapes: timings agreed over ranks, the table through `info`,
-    and shape -> reason for the shapes that stay in high precision."""
-    measured = on_rank0(lambda: measure(list(counts), key, path, time_shape, refresh),
-                        "fp8_layers auto: timing the layer shapes",
-                        " (fp8_layers: all or min_size does not time)", rank=rank,
-                        gather_fn=gather if world > 1 else (lambda obj: [obj]))
+           refresh: bool = False, wait_s: float = 1200.0) -> "tuple[dict, Measured]":
+    """fp8_layers auto for these shapes: timings agreed over ranks (rank 0 times; the others
+    wait at most `wait_s`, in a ranks.Phase, unless `gather` is given: tests), the table through
+    `info`, and shape -> reason for the shapes that stay in high precision."""
+    with Phase("fp8_layers auto: timing the layer shapes", wait_s) if gather is None and \
+            world > 1 else contextlib.nullcontext() as phase:
+        gather_fn = gather or (phase.gather if phase is not None else (lambda obj: [obj]))
+        measured = on_rank0(lambda: measure(list(counts), key, path, time_shape, refresh),
+                            "fp8_layers auto: timing the layer shapes",
+                            " (fp8_layers: all or min_size does not time)", rank=rank,
+                            gather_fn=gather_fn)
     for line in report(counts, measured, margin, base_name, label, tokens, path):
         info(line)
     return keep_reasons(measured.timings, margin, base_name), measured
@@ -245,12 +249,13 @@ def layer_decision(backend, model: nn.Module) -> dict:
         backend.layer_policy = "auto: no eligible layer to time"
         return {}
     tokens, label = backend.tokens, backend.label
-    timer = backend.timer or cuda_timer(backend, device, tokens)
+    timer = backend.timer or device_timer(backend, device, tokens)
     key = layer_cache_key(backend, device, tokens, counts)
     rank, world = rank_world()
     keep, measured = decide(counts, key, cache_path(backend.cfg, backend.run_dir), timer,
                             backend.cfg.fp8_auto_margin, backend.base.name, label, tokens,
-                            backend.info, rank, world, refresh=backend.cfg.reprobe)
+                            backend.info, rank, world, refresh=backend.cfg.reprobe,
+                            wait_s=2 * backend.cfg.fp8_choice_budget_s + 600)
     # Kept for the end-of-run verdict (verdict.py): what FP8 was measured to buy, per shape.
     backend.layer_timings = dict(measured.timings)
     how = "cached" if measured.cached else "timed"
@@ -264,109 +269,16 @@ def _device_of(model: nn.Module) -> torch.device:
     return p.device if p is not None else torch.device("cpu")
 
 
-# --- the real timer (CUDA) ----------------------------------------------------------------------
-
-def cuda_timer(backend, device: torch.device, tokens: int, warmup: int = 3, repeats: int = 5,
-               iters: int = 10) -> Timer:
-    """time_shape for a GPU: one fresh Linear of the shape in the base precision (autocast as
-    Accelerate runs it, fp32 master weights) and one converted by a timing copy of `backend`,
-    each fed `tokens` rows, both compiled when the run compiles. After `warmup` steps of each
-    (compilation included), `repeats` rounds alternate between the two (so clock changes hit
-    both alike), each timing `iters` steps with CUDA events; a step is forward, backward and the
-    backend's after_backward, as in the training loop. The result is the median seconds per
-    step of each. The RNG is left as it was."""
+def device_timer(backend, device: torch.device, tokens: int) -> Timer:
+    """time_shape on the device (timing.LayerTimer): the base precision and FP8 of one shape;
+    dynamo forgets the compiled timing layers after each shape."""
+    from .timing import LayerTimer
+    timer = LayerTimer(device, tokens, backend.base, backend.cfg)
 
     def time_shape(shape: Shape) -> "tuple[float, float]":
-        with torch.random.fork_rng(devices=[device]), torch.cuda.device(device):
-            steps = [_base_step(shape, backend.base, device, tokens, backend.cfg),
-                     _fp8_step(shape, backend, device, tokens)]
-            try:
-                base_s, fp8_s = _time_steps(steps, warmup, repeats, iters)
-            finally:
-                del steps
-                backend.reset_trials()     # the timing layer's TE state, before the real model
-                if backend.cfg.compile:
-                    # Compiled timing layers (and, under reduce-overhead / max-autotune, their
-                    # CUDA graph pools) are held by dynamo until it forgets them.
-                    torch.compiler.reset()
-                release_memory(device)     # and the run's peak memory starts afresh
-        return base_s, fp8_s
+        try:
+            return timer.base(shape).seconds, timer.fp8(backend, shape).seconds
+        finally:
+            timer.forget()
 
     return time_shape
-
-
-def _autocast_dtype(base) -> Optional[torch.dtype]:
-    return {"bf16": torch.bfloat16, "fp16": torch.float16}.get(base.mixed_precision)
-
-
-def _input(in_features: int, base, device: torch.device, tokens: int) -> torch.Tensor:
-    dtype = _autocast_dtype(base) or torch.float32
-    return torch.randn(tokens, in_features, device=device, dtype=dtype, requires_grad=True)
-
-
-def _base_step(shape: Shape, base, device: torch.device, tokens: int,
-               cfg=None) -> Callable[[], None]:
-    i, o, bias = shape
-    return _step(nn.Linear(i, o, bias=bias, device=device), _input(i, base, device, tokens),
-                 base, None, cfg)
-
-
-def _fp8_layer(shape: Shape, backend, device: torch.device) -> "tuple[object, nn.Module]":
-    """(a timing copy of the backend, one Linear of `shape` that it converted)."""
-    i, o, bias = shape
-    trial = backend.timing_copy()
-    why = trial.unavailable(device)
-    if why:
-        raise RuntimeError(f"FP8 {trial.label} cannot run: {why}")
-    holder = nn.Module()
-    holder.layer = nn.Linear(i, o, bias=bias, device=device)
-    trial.convert(holder)
-    return trial, holder.layer
-
-
-def _fp8_step(shape: Shape, backend, device: torch.device, tokens: int) -> Callable[[], None]:
-    trial, layer = _fp8_layer(shape, backend, device)
-    return _step(layer, _input(shape[0], backend.base, device, tokens), backend.base, trial,
-                 backend.cfg)
-
-
-def _step(layer: nn.Module, x: torch.Tensor, base, fp8, cfg=None) -> Callable[[], None]:
-    """One training step of `layer` as the run executes it: compiled when the run compiles
-    (`cfg`), since torchao's and the native casts pay off only fused; eager timings would keep
-    layers in high precision that win in the compiled run."""
-    dtype = _autocast_dtype(base)
-    grad: list = []
-    run = compile_module(layer, cfg) if cfg is not None else layer
-
-    def step() -> None:
-        autocast = torch.autocast(x.device.type, dtype=dtype) if dtype else \
-            contextlib.nullcontext()
-        with autocast, (fp8.forward_context(training=True) if fp8 else contextlib.nullcontext()):
-            y = run(x)
-        if not grad:
-            grad.append(torch.randn_like(y))
-        y.backward(grad[0])
-        if fp8 is not None:
-            fp8.after_backward()
-
-    step.layer = run   # what is timed (compiled or not)
-    return step
-
-
-def _time_steps(steps: list, warmup: int, repeats: int, iters: int) -> list:
-    for step in steps:
-        for _ in range(warmup):
-            step()
-    torch.cuda.synchronize()
-    samples: list = [[] for _ in steps]
-    for _ in range(repeats):
-        for step, out in zip(steps, samples):
-            start = torch.cuda.Event(enable_timing=True)
-            end = torch.cuda.Event(enable_timing=True)
-            start.record()
-            for _ in range(iters):
-                step()
-            end.record()
-            end.synchronize()
-            out.append(start.elapsed_time(end) / 1e3 / iters)
-    return [statistics.median(s) for s in samples]

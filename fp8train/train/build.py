@@ -40,8 +40,7 @@ from ..observe.metrics import Meter, WallClock, device_name, peak_note
 from ..observe.profiling import StepProfiler
 from ..observe.tracking import Tracker, environment, sweep_run_id
 from ..precision import Precision, build_precision
-from ..precision.choose import choose as choose_fp8
-from ..precision.choose import is_auto as choose_is_auto
+from .fp8_auto import choose_fp8
 from .fp8_check import LossGapCheck
 from .health import Health
 from .optimizer import build_optimizer, check_distributed
@@ -158,7 +157,8 @@ def build(cfg: Config, state, log: Logger, requests: StopRequests) -> Optional[R
                      len(splits.train))
     mcfg = _model_config(cfg, splits.vocab_size)
     batch = decide_batch(cfg, written, mcfg, prec, acc, checkpoint, run_dir, log)
-    prec, batch = _choose_fp8(cfg, prec, acc, mcfg, batch, written, checkpoint, run_dir, log)
+    prec, batch = choose_fp8(cfg, prec, acc, mcfg, batch, written, checkpoint, run_dir, log,
+                             splits.train)
     plan = batch.plan
     acc.gradient_accumulation_steps = plan.accum
     feed = _feed(cfg, plan, len(splits.train), RandomWindows(splits.train, cfg.seq_len, cfg.seed),
@@ -335,25 +335,6 @@ def _feed(cfg: Config, plan: BatchPlan, train_tokens: int, windows, acc, log: Lo
     return Feed(windows, plan, sched, lr_args, cfg.seq_len, acc.process_index, acc.device,
                 cfg.data_prefetch, fp8_until_step(cfg.fp8_until, sched.lr_steps)
                 if cfg.use_fp8 else None)
-
-
-def _choose_fp8(cfg: Config, prec: Precision, acc, mcfg, batch: BatchDecision, written,
-                checkpoint, run_dir: str, log: Logger) -> "tuple[Precision, BatchDecision]":
-    """fp8_recipe / fp8_backend auto (precision/choose.py), at the planned token count; a
-    probed batch plan is probed again for the chosen backend's memory (the cache keys on it)."""
-    if not choose_is_auto(cfg) or not prec.fp8:
-        return prec, batch
-    prec.set_tokens(batch.plan.micro * cfg.seq_len, log.msg)
-    with torch.device("meta"):   # the Linears' shapes, nothing allocated
-        shapes = new_model(mcfg, False)
-    chosen = choose_fp8(cfg, prec, shapes, saved_derived(checkpoint) if checkpoint else None,
-                        log.msg, log.warn,
-                        lambda c: build_precision(c, acc.device, log.warn, run_dir), run_dir,
-                        device=acc.device)
-    if chosen is not prec and written is None and checkpoint is None:
-        log.msg(f"fp8 auto: the batch plan again, for {chosen.name}")
-        batch = decide_batch(cfg, written, mcfg, chosen, acc, checkpoint, run_dir, log)
-    return chosen, batch
 
 
 def _net(cfg: Config, mcfg, prec: Precision, acc, batch: BatchDecision, checkpoint,

@@ -55,3 +55,74 @@ def test_evaluate_py_evaluates_in_fp8_with_the_recipe_auto_chose(tmp_path):
     assert "cannot run here" not in e.stderr
     got = json.loads(e.stdout)
     assert got["val/loss"] == logged["val/loss"] and got["step"] == 6, (got, logged)
+
+
+def _two_ranks(out, env, choice_s: str, **extra):
+    """torchrun, 2 CPU processes over gloo, fp8_recipe auto timed (slowly, as
+    support/train_with_slow_choice.py makes it) on a CPU."""
+    import os
+    import subprocess
+    import sys
+
+    from support.runs import DATA_DIR, ROOT
+    full = dict(os.environ, FP8TRAIN_DATA_DIR=DATA_DIR, PYTHONUNBUFFERED="1",
+                FP8TRAIN_CHOICE_SECONDS=choice_s, **env)
+    args = tiny_args(out, use_fp8="true", fp8_backend="native", fp8_recipe="auto",
+                     batch_size=4, gradient_accumulation_steps=1, max_steps=2, warmup_steps=1,
+                     log_interval=1,
+                     eval_interval=2, checkpoint_interval=2, eval_samples=0, **extra)
+    return subprocess.Popen([sys.executable, "-m", "torch.distributed.run", "--nproc_per_node",
+                             "2", "tests/support/train_with_slow_choice.py", *args], cwd=ROOT,
+                            env=full, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+
+
+def test_two_ranks_share_the_candidates_and_outlast_a_short_collective_timeout(tmp_path):
+    """Rank 0 times native delayed for 4 x 3 s = 12 s, rank 1 current at once; the default
+    process group's timeout is 5 s. Rank 1 waits for rank 0 on the choice's own CPU group,
+    polling within the choice's bound, not in a default-group collective (which would fail after
+    5 s, as it did while rank 0 timed every candidate alone): the run trains, with the faster
+    recipe that rank 1 timed, and the table names both."""
+    out = tmp_path / "run"
+    proc = _two_ranks(out, {"FP8TRAIN_PG_TIMEOUT_S": "5"}, "3,0")
+    stdout, stderr = proc.communicate(timeout=600)
+    assert proc.returncode == 0, stderr[-3000:]
+    assert "fp8 auto: native current chosen" in stdout
+    assert "fp8 auto: 2 candidates (2 measured) in " in stdout and " over 2 ranks" in stdout
+    derived = yaml.safe_load(open(out / "config.yaml"))["derived"]
+    assert derived["fp8_recipe"] == "current"
+    table = derived["fp8_choice"]["table"]
+    assert [(row["recipe"], row["rank"]) for row in table] == [("delayed", 0), ("current", 1)]
+
+
+def test_a_sigterm_during_the_choice_ends_every_rank_at_once(tmp_path):
+    """Rank 0 would time for minutes; SIGTERM to both ranks (as SLURM sends it) while rank 0
+    times and rank 1 waits: both stop within seconds, exit 3 (nothing was trained or saved),
+    with the one-line start-up stop and no traceback; nobody is left in a collective."""
+    import signal
+    import time
+
+    psutil = __import__("pytest").importorskip("psutil")
+    out = tmp_path / "run"
+    marker = tmp_path / "started"
+    proc = _two_ranks(out, {"FP8TRAIN_CHOICE_STARTED": str(marker)}, "300,0")
+    t0 = time.time()
+    while not (tmp_path / "started.0").exists():
+        assert proc.poll() is None, proc.communicate()[1][-3000:]
+        assert time.time() - t0 < 300, "the choice did not start"
+        time.sleep(0.1)
+    time.sleep(1.0)    # rank 1 is past its own share, waiting for rank 0
+    workers = [p for p in psutil.Process(proc.pid).children()
+               if "train_with_slow_choice.py" in " ".join(p.cmdline())]
+    assert len(workers) == 2
+    t1 = time.time()
+    for w in workers:
+        w.send_signal(signal.SIGTERM)
+    stdout, stderr = proc.communicate(timeout=120)
+    assert time.time() - t1 < 30
+    # Each rank left through its own stop (exit 3: rank 1 out of its wait too, not killed by the
+    # launcher after rank 0 ended); torchrun reports the non-zero exits as its own failure,
+    # with the one traceback of its own.
+    assert stderr.count("exitcode  : 3") == 2, stderr[-3000:]
+    assert "stopped: SIGTERM received before the first training step" in stdout
+    assert stderr.count("Traceback") == 1 and "ChildFailedError" in stderr, stderr[-5000:]
+    assert not (out / "checkpoints").exists() or not any((out / "checkpoints").iterdir())

@@ -95,10 +95,6 @@ def _shared_muon_rank(rank: int, world: int, port: int, out: str) -> None:
     average gives each), its share of the orthogonalisations, the rest gathered."""
     import torch
     import torch.distributed as dist
-
-    from fp8train.config.load import Config
-    from fp8train.model import GPT, model_config_from
-    from fp8train.train.optimizer import build_optimizer
     os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
     dist.init_process_group("gloo", rank=rank, world_size=world)
     params = _muon_steps(rank, world)

@@ -121,7 +121,7 @@ def test_fp8_backend_trains_under_compile(fp8_run, backend):
 
 @needs_fp8
 @pytest.mark.parametrize("backend", BACKENDS)
-def test_cuda_timer_times_both_variants_of_a_shape(backend):
+def test_the_device_timer_times_both_variants_of_a_shape(backend):
     backend_skip(backend)
     from fp8train.config.load import Config
     from fp8train.precision import build_precision, policy
@@ -129,7 +129,7 @@ def test_cuda_timer_times_both_variants_of_a_shape(backend):
     prec = build_precision(Config(use_fp8=True, fp8_backend=backend, fp8_fallback="error"), dev,
                            warn=pytest.fail)
     rng = torch.cuda.get_rng_state()
-    base_s, fp8_s = policy.cuda_timer(prec, dev, 8192)((4096, 4096, True))
+    base_s, fp8_s = policy.device_timer(prec, dev, 8192)((4096, 4096, True))
     assert 0 < base_s < 1 and 0 < fp8_s < 1, (base_s, fp8_s)
     assert torch.equal(torch.cuda.get_rng_state(), rng)   # the run's RNG is untouched
     print(f"{backend}: 4096 x 4096 at 8192 tokens: bf16 {base_s * 1e3:.3f} ms, "

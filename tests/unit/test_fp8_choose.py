@@ -13,7 +13,9 @@ from fp8train.config.load import Config
 from fp8train.errors import BadInput
 from fp8train.precision import build_precision
 from fp8train.precision.choose import (MAX_GRAD_ERROR, MAX_OUTPUT_ERROR, as_chosen, choose,
-                                       cuda_numerics, provisional, step_seconds)
+                                       provisional, step_seconds)
+from fp8train.precision.numerics import checker, gaussian
+from fp8train.precision.timing import Timed
 
 CPU = torch.device("cpu")
 # native delayed 2 ms per shape, current 1 ms; torchao tensorwise 1.5, rowwise 0.5; bf16 3 ms
@@ -27,21 +29,39 @@ class Log:
         self.lines, self.warnings = [], []
 
 
-def run_choose(tmp_path, numerics=None, saved=None, seconds=SECONDS, **cfg):
+class FakeTimer:
+    """timing.LayerTimer's interface on made-up seconds: the base precision 3 ms per shape,
+    each candidate `seconds[(backend, recipe)]`; every call recorded. `fail`: candidates whose
+    timing raises; `host`: Python's share of a step (host / device)."""
+
+    def __init__(self, seconds=SECONDS, fail=None, host=0.1):
+        self.seconds, self.fail, self.host = seconds, fail or {}, host
+        self.timed, self.graphs = [], 0
+
+    def base(self, shape):
+        self.timed.append(("base", shape))
+        return Timed(3e-3, 3e-3 * self.host)
+
+    def fp8(self, backend, shape):
+        key = (backend.cfg.fp8_backend, backend.cfg.fp8_recipe)
+        if key in self.fail:
+            raise self.fail[key]
+        self.timed.append((key, shape))
+        self.graphs += 1
+        return Timed(self.seconds[key], self.seconds[key] * self.host)
+
+    def forget(self):
+        self.timed.append(("forget", None))
+
+
+def run_choose(tmp_path, numerics=None, saved=None, seconds=SECONDS, timer=None, **cfg):
     """choose() for the tiny model with injected timings (SECONDS per shape, bf16 3 ms) and
-    numerics (GOOD unless `numerics` maps (backend, recipe) to other errors)."""
+    numerics (GOOD unless `numerics` maps (backend, recipe) to other errors). Returns the
+    precision, the log and the (candidate, shape) pairs timed."""
     config = Config(use_fp8=True, output_dir=str(tmp_path), fp8_layers="all", **cfg)
     prec = build_precision(config, CPU, warn=pytest.fail, run_dir=str(tmp_path))
     prec.set_tokens(4 * 64)
-    timed = []
-
-    def timer_for(backend):
-        key = (backend.cfg.fp8_backend, backend.cfg.fp8_recipe)
-
-        def time_shape(shape):
-            timed.append((key, shape))
-            return 3e-3, seconds[key]
-        return time_shape
+    timer = timer or FakeTimer(seconds)
 
     def numerics_for(backend):
         return (numerics or {}).get((backend.cfg.fp8_backend, backend.cfg.fp8_recipe), GOOD)
@@ -49,8 +69,8 @@ def run_choose(tmp_path, numerics=None, saved=None, seconds=SECONDS, **cfg):
     log = Log()
     out = choose(config, prec, tiny_model(n_layer=2), saved, log.lines.append,
                  log.warnings.append, lambda c: build_precision(c, CPU, pytest.fail),
-                 str(tmp_path), timer_for=timer_for, numerics_for=numerics_for)
-    return out, log, timed
+                 str(tmp_path), timer=timer, numerics_for=numerics_for)
+    return out, log, [(k, shape) for k, shape in timer.timed if k not in ("base", "forget")]
 
 
 def test_the_fastest_recipe_of_the_backend_is_chosen_and_its_timings_cached(tmp_path):
@@ -135,7 +155,7 @@ def test_the_numerics_check_passes_sound_recipes_and_fails_a_broken_one(monkeypa
     from fp8train.precision import native
     from fp8train.precision.scaling import E5M2
     shapes = [(128, 512, True)]
-    check = cuda_numerics(shapes, CPU, 1024)
+    check = checker(gaussian(shapes, CPU, 1024), CPU)
     for recipe in ("delayed", "current"):
         prec = build_precision(Config(use_fp8=True, fp8_backend="native", fp8_recipe=recipe),
                                CPU, warn=pytest.fail)
@@ -177,23 +197,10 @@ def test_auto_with_keys_it_cannot_honour_is_one_config_error(keys, says):
 def test_a_candidate_that_fails_is_listed_with_why_and_the_others_still_compete(tmp_path):
     """An error while timing one candidate (out of memory at the run's token count, a kernel
     the GPU lacks) is that candidate's verdict; a NaN error fails its numerics."""
-    config = Config(use_fp8=True, output_dir=str(tmp_path), fp8_layers="all",
-                    fp8_backend="auto")
-    prec = build_precision(config, CPU, warn=pytest.fail)
-    prec.set_tokens(256)
-
-    def timer_for(backend):
-        if backend.cfg.fp8_recipe == "rowwise":
-            raise torch.OutOfMemoryError("CUDA out of memory. Tried to allocate 2.00 GiB")
-        return lambda shape: (3e-3, SECONDS[backend.cfg.fp8_backend, backend.cfg.fp8_recipe])
-
-    def numerics_for(backend):
-        return (float("inf"), 0.1) if backend.cfg.fp8_recipe == "current" else GOOD
-
-    log = Log()
-    out = choose(config, prec, tiny_model(n_layer=2), None, log.lines.append,
-                 log.warnings.append, lambda c: build_precision(c, CPU, pytest.fail),
-                 str(tmp_path), timer_for=timer_for, numerics_for=numerics_for)
+    oom = torch.OutOfMemoryError("CUDA out of memory. Tried to allocate 2.00 GiB")
+    bad = {("native", "current"): (float("inf"), 0.1)}
+    out, log, _ = run_choose(tmp_path, bad, timer=FakeTimer(fail={("torchao", "rowwise"): oom}),
+                             fp8_backend="auto")
     assert (out.label, out.cfg.fp8_recipe) == ("torchao", "tensorwise")
     row = next(line for line in log.lines if line.startswith("  torchao rowwise"))
     assert "failed: OutOfMemoryError: CUDA out of memory" in row
@@ -232,3 +239,76 @@ def test_a_plan_probed_again_for_the_chosen_recipe_builds_its_trials_with_it():
     assert (trial_cfg.fp8_backend, trial_cfg.fp8_recipe) == ("torchao", "rowwise")
     plain = build_precision(Config(), CPU, warn=pytest.fail)
     assert probe_config(Config(), plain) == Config()
+
+
+def test_the_cost_of_the_choice_is_logged_and_recorded(tmp_path):
+    prec, log, _ = run_choose(tmp_path, fp8_backend="native", fp8_recipe="auto")
+    line = next(x for x in log.lines if x.startswith("fp8 auto: 2 candidates"))
+    assert "(2 measured) in " in line and "; 8 graphs compiled; budget 300 s" in line
+    assert prec.fp8_choice["graphs"] == 8 and prec.fp8_choice["ranks"] == 1
+    assert prec.fp8_choice["seconds"] >= 0
+
+
+def test_candidates_past_the_budget_are_listed_as_not_timed(tmp_path):
+    """fp8_choice_budget_s 0.1: native delayed's four shapes take 0.2 s to time; current,
+    the faster one, is not reached and delayed is chosen, the table says why."""
+    import time
+
+    class Slow(FakeTimer):
+        def fp8(self, backend, shape):
+            time.sleep(0.05)
+            return super().fp8(backend, shape)
+
+    prec, log, timed = run_choose(tmp_path, timer=Slow(), fp8_backend="native",
+                                  fp8_recipe="auto", fp8_choice_budget_s=0.1)
+    assert prec.cfg.fp8_recipe == "delayed" and {k for k, _ in timed} == {("native", "delayed")}
+    row = next(line for line in log.lines if line.startswith("  native current"))
+    assert row.endswith("not timed: fp8_choice_budget_s (0.1 s) was spent before it")
+    assert "1 over the budget" in next(x for x in log.lines if "candidates (" in x)
+
+
+def test_host_bound_timings_are_shown_and_warned_about(tmp_path):
+    _, log, _ = run_choose(tmp_path, timer=FakeTimer(host=1.2), fp8_backend="native",
+                           fp8_recipe="auto")
+    rows = [line for line in log.lines if line.startswith("  native")]
+    assert all("host/device 1.20 host-bound" in row for row in rows)
+    assert any("host-bound" in w and "compile: true" in w for w in log.warnings)
+    _, log, _ = run_choose(tmp_path / "b", timer=FakeTimer(host=0.1), fp8_backend="native",
+                           fp8_recipe="auto")
+    assert not log.warnings and all("host/device 0.10)" in row for row in log.lines
+                                    if row.startswith("  native"))
+
+
+def test_the_numerics_gate_runs_on_the_models_own_activations():
+    """capture: the first Linear of each shape, its weights, the rows it was fed and the
+    gradient at its output, from one forward and backward of the model on real tokens; the
+    gate then checks a recipe on them (native delayed, emulated: sound)."""
+    torch.manual_seed(0)
+    model = tiny_model(n_layer=2)
+    from fp8train.precision.layers import shape_of
+    from fp8train.precision.numerics import capture
+    from fp8train.precision.policy import eligible_shapes
+    shapes = list(eligible_shapes(model, ["lm_head"]))
+    seen = {}
+    first = {}
+    for name, m in model.named_modules():
+        if isinstance(m, torch.nn.Linear):
+            first.setdefault(shape_of(m), (name, m))
+    def remember(mod, args, out):
+        seen.setdefault(shape_of(mod), args[0].detach().reshape(-1, mod.in_features).clone())
+
+    for name, m in first.values():
+        m.register_forward_hook(remember)
+    tokens = torch.randint(0, 256, (2, 65), generator=torch.Generator().manual_seed(1))
+    base = build_precision(Config(), CPU, warn=pytest.fail)
+    samples = capture(model, tokens, base, shapes)
+    assert set(samples) == set(shapes)
+    for shape, s in samples.items():
+        assert torch.equal(s.x, seen[shape])                     # the rows the layer saw
+        assert torch.equal(s.weight, first[shape][1].weight)     # its own weights
+        assert s.grad.shape == (128, shape[1]) and s.grad.abs().sum() > 0
+        # not unit noise (the Gaussian fallback):
+        assert float(s.grad.std()) < 0.1   # gradients as small as the loss makes them
+    prec = build_precision(Config(use_fp8=True, fp8_backend="native"), CPU, warn=pytest.fail)
+    out, grad = checker(samples, CPU)(prec)
+    assert 0 < out < MAX_OUTPUT_ERROR and 0 < grad < MAX_GRAD_ERROR, (out, grad)

@@ -237,57 +237,45 @@ def test_an_error_on_rank0_stops_every_rank_with_its_message():
 
 @pytest.mark.parametrize("name", ["native", "torchao"])
 def test_timer_steps_run_the_backends_converted_layer_forward_and_backward(name):
-    """What cuda_timer times, on CPU (the FP8 GEMMs emulated): the backend's own conversion of
-    one Linear and a training step of it; the run's backend is left as it was."""
+    """What the device timer times, on CPU (the FP8 GEMMs emulated): the backend's own
+    conversion of one Linear and a training step of it; the run's backend is left as it was."""
+    from fp8train.precision import timing
     if name == "torchao":
         pytest.importorskip("torchao")
         from torchao.float8.float8_linear import Float8Linear as converted
     else:
         converted = Fp8Linear
     prec = build_precision(Config(use_fp8=True, fp8_backend=name), CPU, warn=pytest.fail)
-    trial, layer = policy._fp8_layer(WINS, prec, CPU)
+    trial, layer = timing.fp8_layer(WINS, prec, CPU)
     assert isinstance(layer, converted) and trial is not prec and trial.emulate
     assert prec.selection is None
-    fp8_step = policy._step(layer, policy._input(64, prec.base, CPU, 32), prec.base, trial)
-    for step in (policy._base_step(WINS, prec.base, CPU, 32), fp8_step,
-                 policy._fp8_step(WINS, prec, CPU, 32)):
-        step()
-        step()
+    step = timing.layer_step(layer, torch.randn(32, 64, requires_grad=True), prec.base, trial)
+    step()
+    step()
     if name == "native":       # a real training step: amaxes recorded, scales updated
         assert (trial.state.scale != 1).all()
+    timer = timing.LayerTimer(CPU, 32, prec.base, prec.cfg, warmup=1, repeats=1, iters=1)
+    base, fp8 = timer.base(WINS), timer.fp8(prec, WINS)
+    assert base.seconds > 0 and fp8.seconds > 0 and base.host_ratio == 1.0  # CPU: one clock
+    assert timer.base(WINS) is base     # the base precision once per shape
 
 
-def test_timing_loop_warms_up_alternates_and_takes_the_median(monkeypatch):
-    clock, order = [0.0], []
+def test_timing_warms_up_drops_the_first_round_and_takes_the_median(monkeypatch):
+    """warmup steps first; then repeats + 1 rounds of iters steps, the first only measuring
+    Python's queuing; the median round of the others."""
+    from fp8train.precision import timing
+    clock, calls = [0.0], []
+    monkeypatch.setattr(timing.time, "perf_counter", lambda: clock[0])
 
-    class Event:             # torch.cuda.Event on a fake clock (milliseconds)
-        def __init__(self, enable_timing):
-            self.t = None
+    def step():
+        calls.append(1)
+        # the 3 warm-up steps slow (compiling), one slow outlier round later: both ignored
+        clock[0] += 5.0 if len(calls) <= 3 else 0.05 if 3 + 4 < len(calls) <= 3 + 8 else 0.002
 
-        def record(self):
-            self.t = clock[0]
-
-        def synchronize(self):
-            pass
-
-        def elapsed_time(self, end):
-            return end.t - self.t
-
-    def step(name, ms):
-        def run():
-            order.append(name)
-            # one slow outlier per variant: the median ignores it
-            clock[0] += ms * (50 if order.count(name) == 10 else 1)
-        return run
-
-    monkeypatch.setattr(torch.cuda, "Event", Event)
-    monkeypatch.setattr(torch.cuda, "synchronize", lambda *a: None)
-    base_s, fp8_s = policy._time_steps([step("base", 2.0), step("fp8", 1.0)], warmup=3,
-                                       repeats=5, iters=4)
-    assert (base_s, fp8_s) == (pytest.approx(2e-3), pytest.approx(1e-3))
-    assert order[:6] == ["base"] * 3 + ["fp8"] * 3                  # warm-up
-    assert order[6:14] == ["base"] * 4 + ["fp8"] * 4                 # then rounds alternate
-    assert order.count("base") == order.count("fp8") == 3 + 5 * 4
+    timer = timing.LayerTimer(CPU, 8, None, Config(), warmup=3, repeats=5, iters=4)
+    timed = timer._time(step)
+    assert len(calls) == 3 + 6 * 4
+    assert timed.seconds == pytest.approx(0.002) and timed.host_seconds == pytest.approx(0.002)
 
 
 def test_config_keys():

@@ -12,7 +12,7 @@ from fp8train.errors import BadInput
 from fp8train.model import GPT, model_config_from
 from fp8train.train.muon import NS_STEPS
 from fp8train.train.optimizer import (MuonAdamW, build_optimizer, check_distributed,
-                                      muon_flops_per_step, muon_parts)
+                                      muon_flops_per_step)
 
 
 def tiny(seed=0):
