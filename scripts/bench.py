@@ -26,6 +26,12 @@ def parse(argv):
                    f"(FP8 backends, bf16 elsewhere) [bf16 and te; torchao where TE is not "
                    f"installed: here {GPU_SUITE['precisions']}]")
     p.add_argument("--compile", choices=("on", "off", "both"), help="[on]")
+    p.add_argument("--compile-scopes", default="auto",
+                   help="comma-separated compile_scope values to compare under compile: auto, "
+                   "blocks, model [auto]")
+    p.add_argument("--optimizers", default="adamw",
+                   help="comma-separated: adamw, muon (each row reports its optimizer step's "
+                   "milliseconds) [adamw]")
     p.add_argument("--steps", type=int, help="timed steps, a multiple of --warmup [20]")
     p.add_argument("--warmup", type=int, help="untimed steps first [10]")
     p.add_argument("--seq-len", type=int, help="[1024]")
@@ -50,6 +56,12 @@ def parse(argv):
     args = p.parse_args(argv)
     if args.quick and args.full:
         p.error("--quick and --full are exclusive")
+    for name, allowed, values in (("--compile-scopes", ("auto", "blocks", "model"),
+                                   args.compile_scopes), ("--optimizers", ("adamw", "muon"),
+                                                          args.optimizers)):
+        bad = [v for v in values.split(",") if v not in allowed]
+        if bad:
+            p.error(f"{name}: {', '.join(bad)} is not one of {', '.join(allowed)}")
     if args.micro_batch is not None and args.micro_batch < 1:
         p.error("--micro-batch must be at least 1")
     fill_defaults(args)

@@ -2,6 +2,7 @@
 and the clock it is measured with."""
 from __future__ import annotations
 
+import contextlib
 import time
 from typing import Optional
 
@@ -112,6 +113,42 @@ class TrainClock:
         return elapsed
 
 
+class PartClock:
+    """The time of one part of a watched step (the optimizer step), on the device: CUDA events
+    around it, read at the log step after its host sync (none added); the host clock on a CPU,
+    where work is synchronous."""
+
+    def __init__(self, device):
+        self.cuda = device.type == "cuda"
+        self.events, self.seconds = None, None
+
+    @contextlib.contextmanager
+    def timed(self, on: bool):
+        if not on:
+            yield
+            return
+        if self.cuda:
+            import torch
+            start, end = (torch.cuda.Event(enable_timing=True) for _ in range(2))
+            start.record()
+            yield
+            end.record()
+            self.events = (start, end)
+        else:
+            t0 = time.perf_counter()
+            yield
+            self.seconds = time.perf_counter() - t0
+
+    def take(self) -> Optional[float]:
+        """Seconds of the part last timed (None: none since the last take)."""
+        if self.events is not None:
+            start, end = self.events
+            end.synchronize()
+            self.seconds = start.elapsed_time(end) / 1e3
+        seconds, self.events, self.seconds = self.seconds, None, None
+        return seconds
+
+
 class WallClock:
     """Wall time of the run, resumes included: the checkpoint's total + this invocation's."""
 
@@ -142,6 +179,7 @@ class Meter:
         self.carried = 0      # steps of this interval taken before the checkpoint resumed here
         self.last_steps = 0   # the steps of the interval last logged
         self.profiled = False  # a step of this interval ran under the profiler
+        self.optimizer = PartClock(device)   # the optimizer step of the logged step
 
     @property
     def pending(self) -> int:
@@ -215,6 +253,9 @@ class Meter:
                             self.flops_per_token, self.peak),
                "train/data_wait_fraction":
                    min(1.0, self.data_wait / elapsed) if elapsed > 0 else 0.0}
+        optimizer_s = self.optimizer.take()
+        if optimizer_s is not None:
+            row["train/optimizer_ms"] = optimizer_s * 1e3
         if self.profiled:
             row["train/profiled"] = 1
         self.last_steps, self.steps, self.data_wait, self.untimed = self.pending, 0, 0.0, 0

@@ -32,6 +32,8 @@ def build(facts: dict, st, precision: dict, outcome: dict, fp8=None) -> dict:
         "target_gap": (best - target) if target is not None and not met and best is not None
         else None,
         "wall_time_s": st.wall_seconds,
+        # this invocation's first step, start-up's compiles included (a resume has its own)
+        "first_step_s": outcome.get("first_step_s"),
         "train_time_s": st.train_seconds,
         "tokens_per_sec": tok_s,
         "mfu": mfu(facts["flops_per_token"], tok_s / world, facts["peak_flops"])

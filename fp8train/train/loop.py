@@ -64,6 +64,7 @@ class Trainer:
         self.acc, self.net, self.feed, self.st = run.acc, run.net, run.feed, run.state
         self.log, self.parts = run.log, run.parts
         self.batches = None
+        self.first_step_s = None   # this process's first step, its compile included
 
     def fit(self) -> int:
         st, p, log = self.st, self.parts, self.log
@@ -94,7 +95,7 @@ class Trainer:
                     lr, grad_norm = self.train_step(logged)
                     p.profiler.after(st.step, p.meter)
                     if first:
-                        self.first_step(time.perf_counter() - started, logged)
+                        self.first_step(started, logged)
                         first = False
                     self.note_signal()
                     if logged and self.after_log_step(lr, grad_norm):
@@ -109,11 +110,13 @@ class Trainer:
                 p.profiler.close()   # a run that ends inside the window still writes it
             return self.finish(stop_reason, at_target)
 
-    def first_step(self, seconds: float, logged: bool) -> None:
+    def first_step(self, started: float, logged: bool) -> None:
         """Said at once, before the first log interval ends: a log file shows the run is
-        training, and the ETA is measured from here, after start-up and warm-up."""
+        training, and the ETA is measured from here, after start-up and warm-up. `started`:
+        the loop's start (perf_counter)."""
         if self.acc.device.type == "cuda":
             torch.cuda.synchronize(self.acc.device)   # once: the step's real duration
+        self.first_step_s = seconds = time.perf_counter() - started
         if not logged:   # its compile is not the interval's speed: the row times steps 2-N
             self.parts.meter.set_aside(self.st)
         if self.log.progress is not None:
@@ -203,7 +206,7 @@ class Trainer:
         grad_norm = self.acc.clip_grad_norm_(net.model.parameters(), net.max_norm)
         skip = net.health.step(grad_norm, step_ce / plan.accum, step_penalty / plan.accum)
         net.inner_optimizer.found_inf = skip   # the fused kernel skips it: no host sync
-        with net.optimizer_context():
+        with net.optimizer_context(), self.parts.meter.optimizer.timed(watched):
             net.optimizer.step()
         net.prec.after_optimizer_step()
         net.optimizer.zero_grad(set_to_none=net.grads_to_none)
@@ -315,6 +318,7 @@ class Trainer:
         report = summary.build(self.run.facts, st, self.net.prec.derived(), dict(
             status=status, exit_code=exit_code, final_val=p.evaluator.final,
             latest_checkpoint=p.checkpointer.latest(), peak_memory_gb=peak_mem,
+            first_step_s=self.first_step_s,
             **p.gap_check.summary()),
             fp8=self.fp8_facts())
         for line in summary.describe(report):

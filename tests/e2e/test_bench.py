@@ -22,6 +22,8 @@ def test_bench_quick_writes_results_for_every_configuration(tmp_path):
         ("tiny", "fp32", False), ("tiny", "native", False), ("tiny", "torchao", False)]
     for x in rows:
         assert x["status"] == "ok" and x["tokens_per_sec"] > 0 and x["step_time_ms"] > 0
+        # the first step (its start-up included) and the optimizer step, beside the step time
+        assert x["first_step_s"] > 0 and 0 < x["optimizer_ms"] < x["step_time_ms"]
         assert x["micro_batch"] == 4 and x["steps"] == 3            # from the probe, cap 4
         assert math.isfinite(x["loss"]) and 9.0 < x["loss"] < 11.5  # ln(50257) = 10.8 at start
     assert [x["fp8_layers"] for x in rows] == [0, 16, 16]
@@ -29,7 +31,7 @@ def test_bench_quick_writes_results_for_every_configuration(tmp_path):
                                                  "torchao (emulated on CPU)"]
     assert report["environment"]["torch_version"] and "fp32" in (out / "results.md").read_text()
     assert not (out / "runs").exists() or not any((out / "runs").iterdir())  # cleaned up
-    assert "wrote" in r.stdout and "| tiny | native | off | 4 |" in r.stdout
+    assert "wrote" in r.stdout and "| tiny | native | off | adamw | 4 |" in r.stdout
     # One probe for the preset (eager, in the base precision), used by every configuration.
     (probe,) = report["probes"]
     assert (probe["preset"], probe["precision"], probe["status"], probe["micro_batch"]) == \

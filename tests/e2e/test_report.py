@@ -17,7 +17,7 @@ SUMMARY_KEYS = {
     "tokens_per_sec", "mfu", "steady_state_tokens", "peak_memory_gb", "batch", "precision",
     "fp8", "fp8_layers_converted", "model", "n_params", "skipped_steps", "rollbacks",
     "checkpoints_written", "latest_checkpoint", "fp8_verdict", "tokens_fp8", "tokens_after_fp8",
-    "fp8_loss_gap", "fp8_choice"}
+    "fp8_loss_gap", "fp8_choice", "first_step_s"}
 
 
 def _rows(run):
@@ -91,6 +91,10 @@ def test_a_target_not_reached_runs_to_the_end_and_reports_the_gap(runs):
     # The steady state leaves the first log interval (compile, warm-up) out.
     assert s["steady_state_tokens"] == (40 - 5) * 8 * 64 and s["tokens_per_sec"] > 0
     assert s["tokens"] == 40 * 8 * 64 and s["wall_time_s"] >= s["train_time_s"] > 0
+    assert 0 < s["first_step_s"] < s["wall_time_s"]
+    # the optimizer step of every logged step, timed apart, shorter than the step
+    timed = [row for row in _rows(run) if "train/loss" in row]
+    assert all(0 < row["train/optimizer_ms"] < 1e3 * row["train/step_time"] for row in timed)
     assert s["fp8"].startswith("native") and s["fp8_layers_converted"] == 8
     assert s["batch"] == {"micro_batch_size": 8, "gradient_accumulation_steps": 1,
                           "world_size": 1, "effective_batch_size": 8, "tokens_per_step": 512}

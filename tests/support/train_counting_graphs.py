@@ -13,13 +13,13 @@ def install(path: str) -> None:
     from fp8train.train.loop import Trainer
     first_step = Trainer.first_step
 
-    def counted(self, seconds, logged):
+    def counted(self, started, logged):
         import torch
         counters = torch._dynamo.utils.counters
         with open(path, "w") as fh:
             json.dump({"frames": counters["frames"]["ok"],
                        "graphs": counters["stats"]["unique_graphs"]}, fh)
-        return first_step(self, seconds, logged)
+        return first_step(self, started, logged)
 
     Trainer.first_step = counted
 

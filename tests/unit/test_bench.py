@@ -40,10 +40,16 @@ def test_default_suite_is_small_and_probes_once_per_preset():
     probe = bench.probe_args("gpt2-124m", "bf16", args, "d")
     assert {"--plan-only", "--auto_batch_size", "--compile=false", "--no_fp8",
             "--precision=bf16", "--max_batch_size=64"} <= set(probe)
-    te = bench.train_args(dict(preset="gpt2-124m", precision="te", compile=True), args, "d", 48)
+    te = bench.train_args(dict(preset="gpt2-124m", precision="te", compile=True,
+                               compile_scope="auto", optimizer="adamw"), args, "d", 48)
     assert {"--batch_size=48", "--gradient_accumulation_steps=1", "--compile=true", "--use_fp8",
             "--fp8_backend=te", "--fp8_fallback=error", "--fp8_layers=all",
-            "--precision=bf16"} <= set(te)
+            "--precision=bf16", "--compile_scope=auto", "--optimizer=adamw"} <= set(te)
+    # first step per block against the whole model, Muon's step against AdamW's: one row each
+    both = parse(["--compile-scopes", "blocks,model", "--optimizers", "adamw,muon"])
+    assert [(c["compile_scope"], c["optimizer"]) for c in bench.configurations(both)
+            if c["precision"] == "bf16"] == [("blocks", "adamw"), ("blocks", "muon"),
+                                            ("model", "adamw"), ("model", "muon")]
     assert not any(a.startswith("--auto_batch_size") for a in te)
     assert bench.base_precision("te", args) == "bf16" and bench.base_precision("fp32", args) == \
         "fp32"
