@@ -28,6 +28,8 @@ limit (8 in torch 2.13), so the variants of a run are kept below it and a test c
 """
 from __future__ import annotations
 
+from typing import Optional
+
 from torch import nn
 
 SCOPES = ("auto", "blocks", "model")
@@ -36,7 +38,8 @@ CUDA_GRAPH_MODES = ("reduce-overhead", "max-autotune")
 
 def scope_of(model_cfg) -> str:
     """What the run compiles: "blocks", "model", or "" (compile off). `model_cfg`: the config's
-    model section (or the whole config)."""
+    model section (or the whole config). (`blocks` with a CUDA-graph mode is refused when the
+    config is read: config/validate.py.)"""
     if not model_cfg.compile:
         return ""
     if model_cfg.compile_scope != "auto":
@@ -65,13 +68,20 @@ def inner_model(model: nn.Module) -> nn.Module:
     return model
 
 
-def compile_model(model: nn.Module, model_cfg) -> "tuple[nn.Module, str]":
+def compile_model(model: nn.Module, model_cfg,
+                  eager_parts: Optional[str] = None) -> "tuple[nn.Module, str]":
     """(what the run calls, one line for the log saying what was compiled). `model`: as
     Accelerate prepared it (wrapped or not); per block, it is compiled in place and is itself
-    what the run calls; whole, the compiled wrapper is."""
+    what the run calls; whole, the compiled wrapper is. `eager_parts`: what the precision
+    keeps out of the graphs (Transformer Engine's layers), said in the line."""
     scope = scope_of(model_cfg)
     if not scope:
         return model, "compile: off (eager)"
+    model, how = _compile(model, model_cfg, scope)
+    return model, how + (f"; {eager_parts}" if eager_parts else "")
+
+
+def _compile(model: nn.Module, model_cfg, scope: str) -> "tuple[nn.Module, str]":
     import torch
     mode = _mode(model_cfg)
     mode_text = f"mode {model_cfg.compile_mode}"

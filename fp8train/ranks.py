@@ -13,10 +13,10 @@ and a fourth for work that takes minutes (timing FP8 recipes and layer shapes, c
   Phase(what, seconds).each(compute)   every rank computes its share; every rank gets all the
                       values, or the first error. No rank waits inside a collective of the
                       default process group (NCCL's 10-minute timeout would end the job, and a
-                      stop signal could not interrupt it): the phase's collectives run on a CPU
-                      (gloo) group of its own, made when the phase starts (every rank in step),
-                      and the wait for the slowest rank polls, bounded by `seconds`, so the stop
-                      signal's handler (which raises during start-up) ends it at once.
+                      stop signal could not interrupt it): the values go through a key-value
+                      store of the phase's own, set up when the phase starts (every rank in
+                      step), and the wait for the slowest rank polls, bounded by `seconds`, so
+                      the stop signal's handler (which raises during start-up) ends it at once.
 """
 from __future__ import annotations
 
@@ -99,29 +99,51 @@ def agreed_max(value: int, device=None) -> int:
 
 class Phase:
     """A start-up phase of long work on every rank, then one agreement (see the module's
-    docstring). Use as a context manager (its CPU group is released on exit)."""
+    docstring). Use as a context manager.
+
+    The exchange goes through a key-value store of the phase's own (torch.distributed's
+    TCPStore, served by rank 0 on a free port of the address the ranks met at, MASTER_ADDR):
+    each rank writes its value and polls until every rank's is there. Nothing is ever left in
+    flight: a rank that stops (a signal, a timeout) leaves at once, and no new process group
+    (whose gloo transport may not reach other nodes) is made. Rank 0 keeps the store until
+    every rank has read, within the phase's bound."""
 
     POLL_S = 0.05
 
     def __init__(self, what: str, seconds: float):
         self.what, self.seconds = what, seconds
         self.rank, self.world = rank_world()
-        self.group = None
-        if self.world > 1:
-            from datetime import timedelta
-
-            import torch.distributed as dist
-            self.group = dist.new_group(backend="gloo", timeout=timedelta(seconds=seconds))
+        self.store = None
         self.started = time.monotonic()
+        if self.world > 1:
+            self._open()
+
+    def _open(self) -> None:
+        import os
+        import socket
+        from datetime import timedelta
+
+        import torch.distributed as dist
+        timeout = timedelta(seconds=self.seconds)
+        address = [None, None]
+        if self.rank == 0:   # every rank is here at once: the broadcast is immediate
+            host = os.environ.get("MASTER_ADDR") or socket.gethostname()
+            self.store = dist.TCPStore(host, 0, self.world, is_master=True, timeout=timeout,
+                                       wait_for_workers=False)
+            address = [host, self.store.port]
+        dist.broadcast_object_list(address, src=0)
+        if self.rank != 0:
+            self.store = dist.TCPStore(address[0], address[1], self.world, is_master=False,
+                                       timeout=timeout)
 
     def __enter__(self) -> "Phase":
         return self
 
-    def __exit__(self, *exc) -> None:
-        if self.group is not None:
-            import torch.distributed as dist
-            dist.destroy_process_group(self.group)
-            self.group = None
+    def __exit__(self, exc_type, exc, tb) -> None:
+        if self.store is not None and self.rank == 0 and exc_type is None:
+            # the store lives in this process: keep it until every rank has read
+            self._wait(lambda: self.store.add("read", 0) >= self.world, "read the result")
+        self.store = None
 
     def each(self, compute: Callable[[], T], hint: str = "") -> list:
         """`compute()` on every rank; every rank gets the list of values in rank order. A
@@ -149,24 +171,17 @@ class Phase:
         if self.world == 1:
             return [obj]
         import pickle
+        keys = [f"value/{r}" for r in range(self.world)]
+        self.store.set(keys[self.rank], pickle.dumps(obj))
+        self._wait(lambda: self.store.check(keys), "finish")
+        values = [pickle.loads(self.store.get(k)) for k in keys]
+        self.store.add("read", 1)
+        return values
 
-        import torch
-        payload = pickle.dumps(obj)
-        sizes = self._all_gather(torch.tensor([len(payload)], dtype=torch.long))
-        data = torch.zeros(max(int(s) for s in sizes), dtype=torch.uint8)
-        data[:len(payload)] = torch.frombuffer(bytearray(payload), dtype=torch.uint8)
-        parts = self._all_gather(data)
-        return [pickle.loads(p[:int(s)].numpy().tobytes()) for p, s in zip(parts, sizes)]
-
-    def _all_gather(self, tensor) -> list:
-        import torch
-        import torch.distributed as dist
-        out = [torch.empty_like(tensor) for _ in range(self.world)]
-        work = dist.all_gather(out, tensor, group=self.group, async_op=True)
-        while not work.is_completed():   # a signal's handler runs (and raises) in the sleep
+    def _wait(self, done: Callable[[], bool], what: str) -> None:
+        """Poll `done` until it holds; a signal's handler runs (and raises) in the sleep."""
+        while not done():
             if time.monotonic() - self.started > self.seconds:
-                raise RankFailed(f"{self.what}: another rank did not finish within "
+                raise RankFailed(f"{self.what}: a rank did not {what} within "
                                  f"{self.seconds:.0f} s")
             time.sleep(self.POLL_S)
-        work.wait()
-        return out

@@ -57,6 +57,12 @@ def validate(cfg: Config) -> None:
     if cfg.fp8_until is not None and cfg.fp8_until >= 1 and cfg.fp8_until != int(cfg.fp8_until):
         err(f"key 'fp8_until' ({cfg.fp8_until:g}) is a step from 1 on, so a whole number (or "
             "a fraction of the schedule below 1)", "fp8_until")
+    if cfg.compile_scope == "blocks" and cfg.compile_mode in ("reduce-overhead", "max-autotune"):
+        err(f"key 'compile_scope' is 'blocks' with compile_mode '{cfg.compile_mode}', whose CUDA "
+            "graphs of separately compiled blocks overwrite each other's outputs (pytorch "
+            "issue 152887); use compile_scope: auto or model with this mode, or "
+            "compile_mode: default or max-autotune-no-cudagraphs per block", "compile_scope",
+            "compile_mode")
     if cfg.fp8_min_layer_size and cfg.fp8_layers != "min_size":
         err(f"key 'fp8_min_layer_size' ({cfg.fp8_min_layer_size}) applies only with fp8_layers: "
             f"min_size, but fp8_layers is '{cfg.fp8_layers}'; set fp8_layers: min_size or "

@@ -22,6 +22,9 @@ class Precision:
     fallback_from: Optional[str] = None  # set when FP8 was asked for and could not run
     margin_added = 0              # recovery remedies in effect (see recover)
     disabled = False
+    # What of the model torch.compile does not trace under this precision (said in the
+    # compile line), or None: everything compiles.
+    eager_under_compile: Optional[str] = None
 
     def unavailable(self, device: torch.device) -> Optional[str]:
         """Why this backend cannot run on `device`, or None when it can."""

@@ -142,6 +142,7 @@ class Share:
     trials: list
     seconds: float = 0.0
     graphs: int = 0
+    source: Optional[str] = None   # what the numerics ran on (None: nothing checked)
 
 
 def try_share(cfg, mine: list, make: Callable[[object], object], device: torch.device,
@@ -150,38 +151,76 @@ def try_share(cfg, mine: list, make: Callable[[object], object], device: torch.d
     """Time and check each of `mine` ((index, Trial) of this rank): `make(config)` builds a
     candidate's backend, `cached(backend)` returns its timings from the cache or None,
     `timer` (timing.LayerTimer) times the shapes, `numerics_for(backend)` gives its (output
-    error, gradient error). Candidates not started before `budget_s` is spent are skipped."""
+    error, gradient error).
+
+    Shape by shape: the base precision once, then each candidate on the same shape, seconds
+    apart, so that clock changes over the minutes of the choice hit the base and the candidates
+    alike; the compiled layers of a shape are forgotten before the next. After each shape the
+    time left is projected from the time each candidate took so far: candidates from the end
+    of the list that would not fit in `budget_s` are not timed (the first always is)."""
     from ..errors import one_line
     t0 = time.monotonic()
+    backends, todo = {}, []
     for _, trial in mine:
-        backend = make(concrete(cfg, trial.backend, trial.recipe))
         # A candidate that fails (a recipe TE refuses for this format, out of memory at this
         # token count, a kernel this GPU lacks) is listed with why, not the end of the run.
         try:
+            backend = make(concrete(cfg, trial.backend, trial.recipe))
             trial.why_not = backend.unavailable(device)
             if trial.why_not:
                 continue
-            if time.monotonic() - t0 > budget_s:
-                trial.skipped = (f"not timed: fp8_choice_budget_s ({budget_s:g} s) was spent "
-                                 f"before it")
-                continue
+            backends[id(trial)] = backend
             timings = cached(backend)
-            trial.cached = timings is not None
-            if timings is None:
-                timings, ratios = {}, []
-                for shape in counts:
-                    base, fp8 = timer.base(shape), timer.fp8(backend, shape)
-                    timings[shape] = (base.seconds, fp8.seconds)
-                    ratios += [base.host_ratio, fp8.host_ratio]
-                trial.host_ratio = max(ratios)
-                timer.forget()   # one compile per candidate: the next starts afresh
-            trial.timings = timings
-            trial.seconds, trial.base_seconds = step_seconds(
-                timings, counts, cfg.fp8_layers, cfg.fp8_auto_margin)
-            trial.output_error, trial.grad_error = numerics_for(backend)
+            if timings is not None:
+                trial.cached, trial.timings = True, timings
+            else:
+                todo.append(trial)
         except Exception as e:
-            trial.why_not, trial.seconds = f"failed: {one_line(e, with_type=True)}", None
+            trial.why_not = f"failed: {one_line(e, with_type=True)}"
+    spent = {id(t): 0.0 for t in todo}
+    ratios: dict = {id(t): [] for t in todo}
+    shapes = list(counts)
+    for done, shape in enumerate(shapes):
+        live = [t for t in todo if t.why_not is None and t.skipped is None]
+        if not live:
+            break
+        base = timer.base(shape)
+        for t in live:
+            t_shape = time.monotonic()
+            try:
+                fp8 = timer.fp8(backends[id(t)], shape)
+                t.timings[shape] = (base.seconds, fp8.seconds)
+                ratios[id(t)] += [base.host_ratio, fp8.host_ratio]
+            except Exception as e:
+                t.why_not, t.timings = f"failed: {one_line(e, with_type=True)}", {}
+            spent[id(t)] += time.monotonic() - t_shape
+        timer.forget()   # one compile per candidate and shape: the next shape starts afresh
+        _keep_within(live, spent, done + 1, len(shapes), time.monotonic() - t0, budget_s)
+    for _, t in mine:
+        if t.why_not or t.skipped or len(t.timings) < len(shapes):
+            continue
+        if ratios.get(id(t)):
+            t.host_ratio = max(ratios[id(t)])
+        try:
+            t.seconds, t.base_seconds = step_seconds(t.timings, counts, cfg.fp8_layers,
+                                                     cfg.fp8_auto_margin)
+            t.output_error, t.grad_error = numerics_for(backends[id(t)])
+        except Exception as e:
+            t.why_not, t.seconds = f"failed: {one_line(e, with_type=True)}", None
     return Share(list(mine), time.monotonic() - t0, timer.graphs)
+
+
+def _keep_within(live: list, spent: dict, done: int, shapes: int, elapsed: float,
+                 budget_s: float) -> None:
+    """Skip candidates from the end of `live` until the projected time of the rest fits the
+    budget: each one's seconds per shape so far, times the shapes left. The first stays."""
+    live = [t for t in live if t.why_not is None]
+    left = shapes - done
+    while len(live) > 1 and \
+            elapsed + left * sum(spent[id(t)] / done for t in live) > budget_s:
+        t = live.pop()
+        t.skipped, t.timings = (f"not timed: fp8_choice_budget_s ({budget_s:g} s) would be "
+                                "spent before it"), {}
 
 
 def pick(trials: list) -> Optional[Trial]:
@@ -325,7 +364,6 @@ def _measured(cfg, prec, device, counts, run_dir, timer, numerics_for, sample):
     of the candidates (ranks.Phase), with the cache of fp8_layers auto, which rank 0 writes."""
     from ..ranks import Phase, rank_world
     from .backends import fp8_backends
-    from .numerics import checker, gaussian
     from .policy import cache_path, layer_cache_key, read_cache, write_cache
     from .timing import LayerTimer
     tokens, path = prec.tokens, cache_path(cfg, run_dir)
@@ -334,7 +372,6 @@ def _measured(cfg, prec, device, counts, run_dir, timer, numerics_for, sample):
     mine = [(i, t) for i, t in enumerate(trials) if i % world == rank]
     for _, t in mine:
         t.rank = rank
-    source = "the model's activations" if sample is not None else "Gaussian noise"
 
     def key(backend):
         return layer_cache_key(backend, device, tokens, counts)
@@ -345,15 +382,14 @@ def _measured(cfg, prec, device, counts, run_dir, timer, numerics_for, sample):
     def make(config):
         return fp8_backends()[config.fp8_backend](config, prec.base, run_dir)
 
+    numerics = _Numerics(counts, device, tokens, sample, numerics_for)
+
     def share() -> Share:
-        nonlocal numerics_for
-        if numerics_for is None:
-            samples = sample(list(counts)) if sample is not None else \
-                gaussian(list(counts), device, tokens)
-            numerics_for = checker(samples, device)
-        return try_share(cfg, mine, make, device, counts, cached,
-                         timer or LayerTimer(device, tokens, prec.base, cfg), numerics_for,
-                         cfg.fp8_choice_budget_s)
+        out = try_share(cfg, mine, make, device, counts, cached,
+                        timer or LayerTimer(device, tokens, prec.base, cfg), numerics,
+                        cfg.fp8_choice_budget_s)
+        out.source = numerics.source
+        return out
 
     with Phase("fp8 auto: timing the recipes", wait_s(cfg.fp8_choice_budget_s)) as phase:
         shares = phase.each(share, " (name fp8_backend and fp8_recipe to skip it)")
@@ -369,7 +405,39 @@ def _measured(cfg, prec, device, counts, run_dir, timer, numerics_for, sample):
                     pass   # not cached: timed again next time
     cost = dict(seconds=round(max(s.seconds for s in shares), 2),
                 graphs=sum(s.graphs for s in shares), ranks=world)
+    source = next((s.source for s in shares if s.source), "the model's activations"
+                  if sample is not None else "Gaussian noise")
     return ordered, cost, source
+
+
+class _Numerics:
+    """numerics_for, made on first use (a rank with no candidate to check captures nothing):
+    on `sample(shapes)`, the model's own activations, or on Gaussian noise without one or when
+    the model's forward and backward did not fit in memory (said in `source`)."""
+
+    def __init__(self, counts, device, tokens, sample, given=None):
+        self.counts, self.device, self.tokens, self.sample = counts, device, tokens, sample
+        self.check, self.source = given, None
+        if given is not None:
+            self.source = "the model's activations" if sample is not None else "Gaussian noise"
+
+    def __call__(self, backend) -> "tuple[float, float]":
+        if self.check is None:
+            from ..errors import one_line
+            from .numerics import checker, gaussian
+            samples = None
+            if self.sample is not None:
+                try:
+                    samples, self.source = self.sample(list(self.counts)), \
+                        "the model's activations"
+                except torch.OutOfMemoryError as e:
+                    self.source = (f"Gaussian noise (the model's forward and backward did not "
+                                   f"fit in memory: {one_line(e)[:80]})")
+            if samples is None:
+                samples = gaussian(list(self.counts), self.device, self.tokens)
+                self.source = self.source or "Gaussian noise"
+            self.check = checker(samples, self.device)
+        return self.check(backend)
 
 
 def _with_choice(chosen, provisional_prec, choice: dict):

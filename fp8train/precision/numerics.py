@@ -54,6 +54,8 @@ def capture(model: nn.Module, tokens: torch.Tensor, base, shapes, rows: int = RO
             taken[shape_of(module)] = module
     for shape, module in taken.items():
         def keep(mod, args, out, shape=shape):
+            if shape in samples:   # activation checkpointing's recompute: already kept
+                return
             x = args[0].detach().reshape(-1, mod.in_features)[:rows].float()
             samples[shape] = Sample(mod.weight.detach().float().clone(),
                                     None if mod.bias is None else mod.bias.detach().float().clone(),

@@ -120,6 +120,10 @@ def recipe_unavailable(te, recipe_module, recipe: str) -> Optional[str]:
 
 class TransformerEngine(Fp8Backend):
     label = "te"
+    # TE's modules are not traced by torch.compile (their forward is dynamo-disabled): a
+    # compiled block breaks around each of them, and they run eagerly.
+    eager_under_compile = ("Transformer Engine's layers run eagerly between the compiled pieces "
+                           "of each block")
 
     def __init__(self, cfg, base: Precision, run_dir: Optional[str] = None):
         super().__init__(cfg, base, run_dir)

@@ -4,7 +4,7 @@ fp8_layers: auto (policy.py) and fp8_recipe / fp8_backend: auto (choose.py).
 - A step is one layer's forward, backward and the backend's after_backward, fed `tokens` rows
   (micro-batch x seq_len), under the base precision's autocast with fp32 master weights, as
   Accelerate runs it; compiled with static shapes when the run compiles, since torchao's and the
-  native casts pay off only fused.
+  native casts pay off only fused (Transformer Engine's layers run eagerly, as in the run).
 - The base precision is timed once per shape, however many FP8 candidates are compared with it;
   each candidate once per shape. After a candidate, dynamo forgets its compiled layers
   (`forget`): the next candidate compiles afresh, never counts against another's recompile
@@ -137,7 +137,7 @@ class LayerTimer:
         x = torch.randn(self.tokens, layer.in_features, device=self.device, dtype=dtype,
                         requires_grad=True)
         compiled = None
-        if self.cfg.compile:
+        if self.cfg.compile and (fp8 is None or fp8.eager_under_compile is None):
             mode = None if self.cfg.compile_mode == "default" else self.cfg.compile_mode
             compiled = lambda m: torch.compile(m, mode=mode, dynamic=False)   # noqa: E731
             self.graphs += 1

@@ -364,7 +364,8 @@ def _net(cfg: Config, mcfg, prec: Precision, acc, batch: BatchDecision, checkpoi
     log.msg(describe_optimizer(optimizer, section(cfg, "optimizer")))
     model, optimizer = acc.prepare(model, optimizer)
     prec.after_prepare(acc)
-    prepared, (model, how) = model, compile_model(model, section(cfg, "model"))
+    prepared, (model, how) = model, compile_model(model, section(cfg, "model"),
+                                                  prec.eager_under_compile)
     log.msg(how)
     health = Health(acc.device, cfg.loss_spike_factor)
     max_norm = cfg.grad_clip if cfg.grad_clip > 0 else float("inf")

@@ -28,19 +28,25 @@ def choose_fp8(cfg: Config, prec: Precision, acc, mcfg, batch: BatchDecision, wr
         shapes = new_model(mcfg, False)
 
     def sample(wanted):
-        from ..precision.numerics import capture
-        n = batch.plan.micro * (cfg.seq_len + 1)
-        tokens = torch.as_tensor(np.asarray(train_tokens[:n], dtype=np.int64))
+        """The model's own activations at each shape: a forward and backward of the freshly
+        initialised model (activation checkpointing as the plan has it) on the first training
+        sequences, as many as the numerics keep rows of (8,192)."""
+        from ..precision.numerics import ROWS, capture
+        n = min(batch.plan.micro, -(-ROWS // cfg.seq_len))
+        tokens = torch.as_tensor(np.asarray(train_tokens[:n * (cfg.seq_len + 1)],
+                                            dtype=np.int64))
         with torch.random.fork_rng(devices=[acc.device] if acc.device.type == "cuda" else []):
-            model = new_model(mcfg, False).to(acc.device)   # the seeded init, as the run's
+            model = new_model(mcfg, batch.activation_checkpointing).to(acc.device)
             try:
-                return capture(model, tokens.view(batch.plan.micro, -1), prec.base, wanted)
+                return capture(model, tokens.view(n, -1), prec.base, wanted)
             finally:
                 del model
 
+    # Under FSDP the whole model may not fit one GPU: the numerics take Gaussian noise there.
+    sharded = acc.distributed_type == "FSDP"
     chosen = choose(cfg, prec, shapes, saved_derived(checkpoint) if checkpoint else None,
                     log.msg, log.warn, lambda c: build_precision(c, acc.device, log.warn, run_dir),
-                    run_dir, device=acc.device, sample=sample)
+                    run_dir, device=acc.device, sample=None if sharded else sample)
     if chosen is not prec and written is None and checkpoint is None:
         log.msg(f"fp8 auto: the batch plan again, for {chosen.name}")
         batch = decide_batch(cfg, written, mcfg, chosen, acc, checkpoint, run_dir, log)

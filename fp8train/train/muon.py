@@ -12,8 +12,8 @@ averaged gradients. So a step here goes, per bucket of same-shape matrices:
 2. Newton-Schulz: the rank's share of the bucket, stacked into one (k, m, n) batch,
    orthogonalised by batched matrix products (one call per bucket, not per matrix).
 3. All-gather: with `shared` (data-parallel ranks, identical gradients) each rank has
-   orthogonalised ceil(K / world) of the bucket's K matrices; one all-gather of the bf16
-   updates gives every rank all of them, as modded-nanogpt's distributed Muon does.
+   orthogonalised ceil(K / world) of the bucket's K matrices; one all-gather of the updates
+   (bf16 on a GPU) gives every rank all of them, as modded-nanogpt's distributed Muon does.
 4. Apply: weight decay and the scaled update, every matrix.
 
 With `compiled` (the run's `compile: true`) the three computations are torch.compile'd with
@@ -23,6 +23,9 @@ Linear; SwiGLU's gate and up): each part is then orthogonalised, scaled and deca
 of its own (modded-nanogpt does so for its QKV), while its momentum buffer stays the
 parameter's, so checkpoints are the same either way.
 
+The iteration runs in bfloat16 on a GPU and in float32 on a CPU (`ns_dtype_for`: CPUs
+without bfloat16 instructions emulate it, 20x slower).
+
 A non-finite step (the loop's `found_inf`, 1.0: skip) is skipped on the device: its gradient
 is read as 0 and every factor is 0, so nothing changes, as in the fused AdamW kernel; fp16's
 GradScaler scale (`grad_scale`) is divided out first. Numbers as per matrix: bit for bit with
@@ -31,6 +34,7 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
+from typing import Optional
 
 import torch
 
@@ -39,12 +43,13 @@ NS_COEFFICIENTS = (3.4445, -4.7750, 2.0315)
 NS_STEPS = 5
 
 
-def orthogonalise(x: torch.Tensor, steps: int = NS_STEPS) -> torch.Tensor:
+def orthogonalise(x: torch.Tensor, steps: int = NS_STEPS,
+                  dtype: torch.dtype = torch.bfloat16) -> torch.Tensor:
     """The orthogonalised matrices of `x` (m, n) or (k, m, n): about U V^T of each one's SVD,
-    singular values in ~[0.5, 1.5], by the quintic Newton-Schulz iteration in bfloat16, as
-    torch.optim.Muon computes it for one matrix."""
+    singular values in ~[0.5, 1.5], by the quintic Newton-Schulz iteration in `dtype`
+    (bfloat16: as torch.optim.Muon computes it for one matrix)."""
     a, b, c = NS_COEFFICIENTS
-    x = x.bfloat16()
+    x = x.to(dtype)
     tall = x.size(-2) > x.size(-1)
     if tall:
         x = x.mT
@@ -79,6 +84,14 @@ def apply(params: list, updates: torch.Tensor, keep: torch.Tensor, step: torch.T
     each matrix in place."""
     for p, u in zip(params, updates.unbind(0)):
         p.mul_(keep).addcmul_(u, step, value=scale)
+
+
+def ns_dtype_for(device: torch.device) -> torch.dtype:
+    """bfloat16 on a GPU (Muon's own choice: its coefficients are tuned for it, and tensor
+    cores run it fastest); float32 on a CPU, where most processors have no bfloat16 matrix
+    instructions and emulate them: 870 ms of a 1.15 s demo step in bf16 on a 2-core EPYC
+    without them, about 40 ms in fp32 (docs/benchmarks.md)."""
+    return torch.bfloat16 if device.type == "cuda" else torch.float32
 
 
 @dataclass
@@ -119,8 +132,10 @@ class MuonUpdate:
     with the optimizer's per-parameter `state`. `rank`/`world`: this rank's share (world 1:
     no collective); `compiled`: the computations torch.compile'd with static shapes."""
 
-    def __init__(self, parts: dict, rank: int = 0, world: int = 1, compiled: bool = False):
+    def __init__(self, parts: dict, rank: int = 0, world: int = 1, compiled: bool = False,
+                 ns_dtype: Optional[torch.dtype] = None):
         self.parts, self.rank, self.world = parts, rank, world
+        self.ns_dtype = ns_dtype   # None: by device (ns_dtype_for)
         self.fns = (momentum, orthogonalise, apply)
         if compiled:
             self.fns = tuple(torch.compile(f, dynamic=False) for f in self.fns)
@@ -163,15 +178,16 @@ class MuonUpdate:
         keep = 1.0 - self.lr * self.decay * ok
         step = -self.lr * ok
         momentum_fn, orthogonalise_fn, apply_fn = self.fns
+        dtype = self.ns_dtype or ns_dtype_for(device)
         for bucket in self.buckets[key]:
             grads = [p.grad[a:b] for p, a, b in bucket.items]
             bufs = [state[p]["momentum_buffer"][a:b] for p, a, b in bucket.items]
             blends = momentum_fn(grads, bufs, bucket.own, mom, inv_scale, bad, weight)
-            mine = None if blends is None else orthogonalise_fn(blends)
-            apply_fn([p[a:b] for p, a, b in bucket.items], self._gathered(bucket, mine, device),
-                     keep, step, bucket.scale)
+            mine = None if blends is None else orthogonalise_fn(blends, NS_STEPS, dtype)
+            apply_fn([p[a:b] for p, a, b in bucket.items],
+                     self._gathered(bucket, mine, device, dtype), keep, step, bucket.scale)
 
-    def _gathered(self, bucket: Bucket, mine, device) -> torch.Tensor:
+    def _gathered(self, bucket: Bucket, mine, device, dtype) -> torch.Tensor:
         """Every matrix's update of the bucket: this rank's own (world 1), or all of them
         gathered from every rank's share (padded to per_rank with zeros)."""
         k = len(bucket.items)
@@ -179,11 +195,10 @@ class MuonUpdate:
             return mine
         import torch.distributed as dist
         rows, cols = bucket.shape
-        local = torch.zeros(bucket.per_rank, rows, cols, dtype=torch.bfloat16, device=device)
+        local = torch.zeros(bucket.per_rank, rows, cols, dtype=dtype, device=device)
         if mine is not None:
             local[:mine.shape[0]] = mine
-        out = torch.empty(self.world * bucket.per_rank, rows, cols, dtype=torch.bfloat16,
-                          device=device)
+        out = torch.empty(self.world * bucket.per_rank, rows, cols, dtype=dtype, device=device)
         gather = getattr(dist, "all_gather_single", None) or dist.all_gather_into_tensor
         gather(out, local)
         return out[:k]

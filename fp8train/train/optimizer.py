@@ -83,18 +83,18 @@ def is_hidden_matrix(name: str, p: torch.Tensor) -> bool:
 
 
 class MuonAdamW(torch.optim.AdamW):
-    """Muon for the groups marked `muon` (muon.py; `parts`, `rank`, `world`, `compiled`: its
-    settings), torch's AdamW for the others. The loop's `found_inf` (1.0: skip this step)
+    """Muon for the groups marked `muon` (muon.py; `parts`, `rank`, `world`, `compiled`,
+    `ns_dtype`: its settings), torch's AdamW for the others. The loop's `found_inf` (1.0: skip this step)
     reaches both: the fused AdamW kernel takes it, and Muon turns it into factors of 0 on the
     device (momentum, weight decay and update)."""
 
     def __init__(self, params, *, parts: dict = None, rank: int = 0, world: int = 1,
-                 compiled: bool = False, **adamw_kw):
+                 compiled: bool = False, ns_dtype=None, **adamw_kw):
         super().__init__(params, **adamw_kw)
         for group in self.param_groups:
             group.setdefault("muon", False)
             group.setdefault("lr_scale", 1.0)
-        self.muon = MuonUpdate(parts or {}, rank, world, compiled)
+        self.muon = MuonUpdate(parts or {}, rank, world, compiled, ns_dtype)
 
     @torch.no_grad()
     def step(self, closure=None):

@@ -13,6 +13,9 @@ QUICK = {
     "tests/gpu/test_gpu_fp8.py::test_native_scaled_mm_matches_its_emulation_on_gpu",
     "tests/gpu/test_gpu_fp8.py::test_fp8_backend_trains_under_compile[torchao]",
     "tests/gpu/test_gpu_train.py::test_resume_on_gpu_continues_the_step_count",
+    "tests/gpu/test_gpu_speed.py::test_every_block_runs_compiled_from_one_graph_on_gpu[bf16]",
+    "tests/gpu/test_gpu_speed.py::test_every_block_runs_compiled_from_one_graph_on_gpu[torchao]",
+    "tests/gpu/test_gpu_speed.py::test_muon_on_gpu_is_one_batched_compiled_update_with_few_kernels",
 }
 
 

@@ -32,8 +32,9 @@ def _counted_run(out, *args):
 
 
 @needs_corpus
-@pytest.mark.gpu_quick
-@pytest.mark.parametrize("backend", ["bf16", "native", "torchao", "te"])
+@pytest.mark.parametrize("backend", [pytest.param("bf16", marks=pytest.mark.gpu_quick),
+                                     "native", pytest.param("torchao",
+                                                            marks=pytest.mark.gpu_quick), "te"])
 def test_every_block_runs_compiled_from_one_graph_on_gpu(tmp_path, backend):
     """compile: true compiles each block (one graph for the four; Transformer Engine's layers
     break it into a few pieces, still shared) and the output layer with the loss; the losses

@@ -15,11 +15,23 @@ from fp8train.model import GPT, model_config_from
     (True, "auto", "max-autotune-no-cudagraphs", "blocks"),
     (True, "auto", "reduce-overhead", "model"),    # CUDA graphs of separate blocks: #152887
     (True, "auto", "max-autotune", "model"),
-    (True, "blocks", "reduce-overhead", "blocks"),  # asked for by name: as asked
+    (True, "blocks", "max-autotune-no-cudagraphs", "blocks"),
     (True, "model", "default", "model"),
 ])
 def test_the_scope_a_config_compiles(compile_, scope, mode, expected):
     assert scope_of(Config(compile=compile_, compile_scope=scope, compile_mode=mode)) == expected
+
+
+@pytest.mark.parametrize("mode", ["reduce-overhead", "max-autotune"])
+def test_blocks_with_cuda_graphs_are_refused_in_one_line(mode):
+    """pytorch#152887: the CUDA graphs of separately compiled blocks overwrite each other's
+    outputs, a crash on the GPU; the config says so before anything runs."""
+    from fp8train.config.validate import validate
+    from fp8train.errors import BadInput
+    with pytest.raises(BadInput, match=f"key 'compile_scope' is 'blocks' with compile_mode "
+                                       f"'{mode}', whose CUDA graphs"):
+        validate(Config(compile=True, compile_scope="blocks", compile_mode=mode))
+    validate(Config(compile=True, compile_scope="auto", compile_mode=mode))
 
 
 def tiny() -> GPT:

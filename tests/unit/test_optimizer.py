@@ -59,7 +59,7 @@ def test_the_muon_update_is_torch_optim_muons(shape):
     w = torch.nn.Parameter(torch.randn(shape))
     ref_w = torch.nn.Parameter(w.detach().clone())
     ours = MuonAdamW([{"params": [w], "muon": True, "weight_decay": 0.1, "momentum": 0.95}],
-                     lr=0.02, fused=True)
+                     lr=0.02, fused=True, ns_dtype=torch.bfloat16)
     ref = torch.optim.Muon([ref_w], lr=0.02, weight_decay=0.1, momentum=0.95)
     for _ in range(4):
         w.grad = torch.randn(shape)
@@ -84,7 +84,7 @@ def test_a_non_finite_step_is_skipped_on_the_device_by_both_parts():
     ref_b = torch.nn.Parameter(b.detach().clone())
     ours = MuonAdamW([{"params": [b], "weight_decay": 0.0},
                       {"params": [w], "muon": True, "weight_decay": 0.1, "momentum": 0.95}],
-                     lr=0.02, fused=True)
+                     lr=0.02, fused=True, ns_dtype=torch.bfloat16)
     muon = torch.optim.Muon([ref_w], lr=0.02, weight_decay=0.1, momentum=0.95)
     adamw = torch.optim.AdamW([ref_b], lr=0.02, weight_decay=0.0, fused=True)
     grads = [(torch.randn(48, 32), torch.randn(32)) for _ in range(3)]
@@ -150,7 +150,7 @@ def test_gradients_left_scaled_by_fp16s_grad_scaler_are_unscaled_for_muon():
     w = torch.nn.Parameter(torch.randn(48, 32))
     ref_w = torch.nn.Parameter(w.detach().clone())
     ours = MuonAdamW([{"params": [w], "muon": True, "weight_decay": 0.0, "momentum": 0.95}],
-                     lr=0.02, fused=True)
+                     lr=0.02, fused=True, ns_dtype=torch.bfloat16)
     ref = torch.optim.Muon([ref_w], lr=0.02, weight_decay=0.0, momentum=0.95)
     for scale in (1024.0, 4096.0):
         g = torch.randn(48, 32)
