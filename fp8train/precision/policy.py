@@ -16,7 +16,7 @@ where FP8 is faster by at least fp8_auto_margin; layers that share a shape share
   time kept apart, the median of several repeats).
 - Only rank 0 times, or reads the cache. It shares its timings with one all-gather, which also
   carries its error, so every rank decides the same. The others wait for it in a ranks.Phase:
-  on a CPU group of its own, bounded, and ended at once by a stop signal, never inside a
+  through a store of its own, bounded, and ended at once by a stop signal, never inside a
   collective of the default process group (whose NCCL timeout would end the job). The timing
   copy of a TE backend does not all-reduce its amaxes, for the same reason.
 - Timings are cached in fp8_layers.json beside batch_probe.json, keyed on what changes them:

@@ -23,6 +23,7 @@ from ..checkpoint.manager import CheckpointManager
 from ..checkpoint.resume import check_config_change, choose_checkpoint, warn_schedule_change
 from ..checkpoint.saved_config import config_hash, saved_derived
 from ..checkpoint.train_state import TrainState
+from ..compile import compile_model
 from ..config.load import Config, dump_yaml, section, to_dict
 from ..data.loader import load_splits
 from ..data.tokenizers import build_tokenizer
@@ -33,7 +34,6 @@ from ..evaluate.evaluator import missed as missed_eval
 from ..evaluate.hellaswag import HellaSwag
 from ..evaluate.samples import TextSampler
 from ..io import writable_dir
-from ..compile import compile_model
 from ..model import model_config_from
 from ..observe.logger import Logger
 from ..observe.metrics import Meter, WallClock, device_name, peak_note
