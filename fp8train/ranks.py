@@ -59,20 +59,29 @@ def on_rank0(compute: Callable[[], T], what: str = "", hint: str = "", *,
     cause). `rank` and `gather_fn` default to the process group's (tests pass their own)."""
     rank = rank_world()[0] if rank is None else rank
     gather_fn = gather_fn or gather
-    mine, error = None, None
-    if rank == 0:
-        try:
-            mine = ("ok", compute())
-        except BadInput as e:
-            mine = ("config", str(e))
-        except Exception as e:  # reported on every rank below
-            error = e
-            mine = ("error", one_line(e, with_type=True))
-    status, value = gather_fn(mine)[0]
+    mine, error = _attempt(compute) if rank == 0 else (None, None)
+    return _settled(gather_fn(mine)[0], f"{what or 'a step'} failed on rank 0", hint, error)
+
+
+def _attempt(compute: Callable[[], T]):
+    """(outcome, exception): the outcome ("ok", value), ("config", a BadInput's message) or
+    ("error", the error in one line), picklable, and the exception itself, if any."""
+    try:
+        return ("ok", compute()), None
+    except BadInput as e:
+        return ("config", str(e)), None
+    except Exception as e:  # reported on every rank by _settled
+        return ("error", one_line(e, with_type=True)), e
+
+
+def _settled(outcome, failed: str, hint: str, error: Optional[BaseException]):
+    """An outcome of _attempt as a value, or raised: a BadInput with its message, any other
+    error as RankFailed "<failed>: <error><hint>" (the original as its cause where known)."""
+    status, value = outcome
     if status == "config":
         raise BadInput(value)
     if status == "error":
-        raise RankFailed(f"{what or 'a step'} failed on rank 0: {value}{hint}") from error
+        raise RankFailed(f"{failed}: {value}{hint}") from error
     return value
 
 
@@ -149,21 +158,10 @@ class Phase:
         """`compute()` on every rank; every rank gets the list of values in rank order. A
         BadInput on any rank is raised on every rank with its message; any other error becomes
         a RankFailed "<what> failed on rank N: <error><hint>"."""
-        error = None
-        try:
-            mine = ("ok", compute())
-        except BadInput as e:
-            mine = ("config", str(e))
-        except Exception as e:  # reported on every rank below
-            error = e
-            mine = ("error", one_line(e, with_type=True))
-        values = self.gather(mine)
-        for rank, (status, value) in enumerate(values):
-            if status == "config":
-                raise BadInput(value)
-            if status == "error":
-                raise RankFailed(f"{self.what} failed on rank {rank}: {value}{hint}") from error
-        return [value for _, value in values]
+        mine, error = _attempt(compute)
+        return [_settled(outcome, f"{self.what} failed on rank {rank}", hint,
+                         error if rank == self.rank else None)
+                for rank, outcome in enumerate(self.gather(mine))]
 
     def gather(self, obj: Any) -> list:
         """Every rank's `obj` (picklable), in rank order, waiting at most the phase's seconds

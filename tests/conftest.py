@@ -36,3 +36,20 @@ def no_accelerate_state_left():
     from accelerate.state import AcceleratorState, GradientState
     AcceleratorState._reset_state(True)
     GradientState._reset_state()
+
+
+@pytest.fixture
+def gloo_world_of_one():
+    """A default process group of one CPU process over gloo (a free local port), for tests that
+    wrap a model in DDP in the test process; destroyed after the test."""
+    import os
+    import socket
+
+    import torch.distributed as dist
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
+    dist.init_process_group("gloo", rank=0, world_size=1)
+    yield
+    dist.destroy_process_group()

@@ -4,12 +4,8 @@ and training gives eager's numbers, alone, under activation checkpointing, under
 FP8 layers. A compile that silently does not run fails these tests: they count the frames
 torch compiled. (In-process compiles of tens of seconds each, hence the e2e tier; the fast
 checks of the module are in tests/unit/test_compile.py.)"""
-import os
-import socket
-
 import pytest
 import torch
-import torch.distributed as dist
 
 from fp8train.compile import compile_model
 from fp8train.config.load import Config
@@ -109,18 +105,7 @@ def test_activation_checkpointing_recomputes_compiled_blocks_with_eager_gradient
     assert_same(out, eager)
 
 
-@pytest.fixture
-def gloo():
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port = s.getsockname()[1]
-    os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
-    dist.init_process_group("gloo", rank=0, world_size=1)
-    yield
-    dist.destroy_process_group()
-
-
-def test_blocks_compiled_inside_ddp_train_like_eager(gloo):
+def test_blocks_compiled_inside_ddp_train_like_eager(gloo_world_of_one):
     """Under DDP the blocks found inside the wrapper are compiled in place; dynamo splits each
     block's graph at DDP's bucket boundaries (1 MB buckets, 3 MB blocks), the same split for
     every block, and DDP's gradient hooks see every block's gradients."""

@@ -5,12 +5,8 @@ only tensors of its own: a tensor shared by all of them, written in place by eac
 backward of the first logged step fail under DDP ("modified by an inplace operation"), read
 back zeros for all but one block when split graphs wrote it back, and, written as a Python
 flag inside a checkpointed block, sent the whole model back to eager for the rest of the run."""
-import os
-import socket
-
 import pytest
 import torch
-import torch.distributed as dist
 
 from fp8train.config.load import Config
 from fp8train.model import GPT, model_config_from
@@ -19,15 +15,9 @@ from fp8train.precision import build_precision
 pytest.importorskip("torchao")
 
 
-@pytest.fixture
-def gloo():
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port = s.getsockname()[1]
-    os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
-    dist.init_process_group("gloo", rank=0, world_size=1)
+@pytest.fixture(autouse=True)
+def fresh_dynamo():
     yield
-    dist.destroy_process_group()
     torch._dynamo.reset()
 
 
@@ -51,7 +41,7 @@ def step(prec, model, x, watched: bool) -> dict:
 
 
 @pytest.mark.parametrize("backend", ["native", "torchao"])
-def test_split_ddp_graphs_train_and_read_every_layers_scales(gloo, backend):
+def test_split_ddp_graphs_train_and_read_every_layers_scales(gloo_world_of_one, backend):
     prec, model = converted(backend)
     ddp = torch.nn.parallel.DistributedDataParallel(model, bucket_cap_mb=1)
     compiled = torch.compile(ddp)
