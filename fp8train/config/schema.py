@@ -269,11 +269,12 @@ class Config:
     eval_samples: int = _key(2, "text samples generated at each evaluation (samples.jsonl, "
                              "W&B table; 0 = off)", "eval", min=0, max=16, resume="free")
     hellaswag_interval: int = _key(
-        0, "HellaSwag accuracy (val/hellaswag_acc) at the evaluations whose step is a multiple "
-        "of this, and at the last (0 = off)", "eval", min=0, resume="free")
+        0, "HellaSwag accuracies (hellaswag/acc, hellaswag/acc_norm) at the evaluations whose "
+        "step is a multiple of this, and at the last (0 = off)", "eval", min=0, resume="free")
     hellaswag_path: Optional[str] = _key(
-        None, "HellaSwag's validation jsonl (hellaswag_val.jsonl); default the hub's "
-        "Rowan/hellaswag through datasets", "eval", resume="free")
+        None, "HellaSwag's validation split: hellaswag_val.jsonl or the hub's validation "
+        "parquet (or its folder); default the hub's Rowan/hellaswag through datasets (its local "
+        "cache when offline)", "eval", resume="free")
     hellaswag_examples: Optional[int] = _key(
         None, "HellaSwag examples to score (the first N); default all 10,042", "eval", min=1,
         resume="free")
