@@ -15,6 +15,7 @@ from typing import Any, Optional
 import torch
 
 from .. import ranks
+from . import threads
 from ..batch.decide import (BatchDecision, RunLength, decide_batch, new_model, run_length,
                             written_plan)
 from ..batch.plan import BatchPlan
@@ -298,7 +299,7 @@ def _accelerator(cfg: Config, state, run_dir: str, log: Logger):
     check_distributed(cfg, acc.distributed_type)
     n = acc.num_processes
     log.msg(f"fp8train: {cfg.source} -> {run_dir} ({n} process{'es' if n > 1 else ''}, "
-            f"{device_name(acc.device)}, {prec.name})")
+            f"{threads.device_text(acc.device)}, {prec.name})")
     return prec, acc
 
 
