@@ -9,9 +9,10 @@
 By default the same eval_sequences windows in the same micro-batches and precision as the run's
 eval: on the same kind of machine the number equals the val/loss metrics.jsonl logged at that
 step (printed beside it when the run directory has it). --whole evaluates every window of the
-split instead. --hellaswag scores HellaSwag instead (val/hellaswag_acc: the ending with the lowest
-mean loss per token, as llm.c does), from a local hellaswag_val.jsonl or, given no path, from
-the hub. Exit 0: evaluated; 2: bad input (checkpoint, data, options).
+split instead. --hellaswag scores HellaSwag instead (acc: the ending with the lowest summed loss;
+acc_norm: the lowest mean loss per token, as llm.c does), from a local hellaswag_val.jsonl or the
+hub's parquet or, given no path, from the hub (its local cache offline). Exit 0: evaluated; 2:
+bad input (checkpoint, data, options).
 """
 import argparse
 import json
@@ -32,8 +33,9 @@ def main(argv=None) -> int:
     p.add_argument("--dataset", help="evaluate on another dataset with the same tokenizer")
     p.add_argument("--device", default="auto", help="auto (a GPU when there is one), cpu, cuda")
     p.add_argument("--hellaswag", nargs="?", const="hub", metavar="PATH",
-                   help="HellaSwag accuracy instead of the loss: the validation jsonl at PATH, "
-                        "or without one the hub's Rowan/hellaswag")
+                   help="HellaSwag accuracy instead of the loss: the validation jsonl or the "
+                        "hub's validation parquet at PATH, or without one the hub's "
+                        "Rowan/hellaswag (offline: its local cache)")
     p.add_argument("--hellaswag_examples", type=int, help="score the first N examples only")
     p.add_argument("--json", action="store_true", help="print the result as one JSON object")
     a = p.parse_args(argv)
@@ -51,8 +53,8 @@ def main(argv=None) -> int:
             r = evaluate_checkpoint(a.checkpoint, None if a.hellaswag == "hub" else a.hellaswag,
                                     a.hellaswag_examples, a.device, log=quiet, warn=warn)
             print(json.dumps(r) if a.json else
-                  f"val/hellaswag_acc {r['val/hellaswag_acc']:.4f} over {r['examples']:,} "
-                  f"examples ({r['seconds']:.1f} s)")
+                  f"HellaSwag acc {r['hellaswag/acc']:.4f}, acc_norm {r['hellaswag/acc_norm']:.4f} "
+                  f"(per {r['acc_norm_by']}) over {r['examples']:,} examples ({r['seconds']:.1f} s)")
             return 0
         from fp8train.evaluate.evaluation import evaluate
         r = evaluate(a.checkpoint, a.split, a.eval_sequences, a.whole, a.batch_size, a.data_dir,

@@ -10,11 +10,12 @@ import torch
 
 from ..checkpoint.resume import saved_micro_batch
 from ..config.schema import Config
-from ..config.validate import origin_layer
+from ..config.validate import set_with_or_after
 from ..errors import BadInput
 from ..model import GPT
 from ..precision import Precision, build_precision
 from ..train.optimizer import build_optimizer
+from ..train.schedule import fp8_until_step
 from .fit import (DoesNotFit, cache_key, cache_path, check_target, choose_speed, discover,
                   make_trial, plan_from_fit)
 from .plan import BatchPlan, manual_plan
@@ -29,6 +30,7 @@ class RunLength:
     steps_per_epoch: int
     warmup_steps: int       # the warmup the schedule uses: the config's, or shortened
     warmup_note: str = ""   # why it was shortened (a warning), or ""
+    fp8_until_note: str = ""  # fp8_until at or past the last step, set before the length
 
 
 # A warmup not shorter than its schedule becomes this fraction of it: a short run of a longer
@@ -46,8 +48,7 @@ def run_length(cfg: Config, train_tokens: int, plan: BatchPlan) -> RunLength:
     lr_steps = cfg.lr_decay_steps or total
     warmup, note = cfg.warmup_steps, ""
     by_epochs = not cfg.lr_decay_steps and lr_steps != cfg.max_steps
-    if warmup >= lr_steps and by_epochs and \
-            origin_layer(cfg, "warmup_steps") >= origin_layer(cfg, "num_epochs"):
+    if warmup >= lr_steps and by_epochs and set_with_or_after(cfg, "warmup_steps", "num_epochs"):
         # As for max_steps (config/validate.py): a length set with the warmup, or after it, means
         # both, and they contradict each other. Epochs become steps only now, with the data.
         raise BadInput(f"{cfg.where('warmup_steps', 'num_epochs')}: key 'warmup_steps' "
@@ -61,7 +62,29 @@ def run_length(cfg: Config, train_tokens: int, plan: BatchPlan) -> RunLength:
                 f"{cfg.origins.get('warmup_steps', 'the default')}) is not shorter "
                 f"than {what} {lr_steps} steps: warming up for {warmup} steps instead "
                 f"({SHORTENED_WARMUP:.0%} of the schedule)")
-    return RunLength(total, lr_steps, steps_per_epoch, warmup, note)
+    return RunLength(total, lr_steps, steps_per_epoch, warmup, note,
+                     _fp8_until_past_the_end(cfg, total, lr_steps, steps_per_epoch))
+
+
+def _fp8_until_past_the_end(cfg: Config, total: int, lr_steps: int, per_epoch: int) -> str:
+    """fp8_until's hand-over at or after the run's last step would leave FP8 on to the end:
+    refused when fp8_until was set with the run's length or after it (config/validate.py
+    refuses what the config alone shows; a length from num_epochs is known only now), a
+    warning when the length was set later (a short run of a config with a cool-down)."""
+    step = fp8_until_step(cfg.fp8_until, lr_steps) if cfg.use_fp8 else None
+    if step is None or step < total:
+        return ""
+    lengths = [k for k in ("num_epochs", "max_steps", "lr_decay_steps")
+               if getattr(cfg, k) is not None]
+    what = (f"num_epochs {cfg.num_epochs:g} × {per_epoch:,} steps/epoch" if total != cfg.max_steps
+            else "max_steps") + (f"; {cfg.fp8_until:g} of lr_decay_steps {lr_steps:,}"
+                                 if cfg.fp8_until < 1 and cfg.lr_decay_steps else "")
+    said = (f"key 'fp8_until' ({cfg.fp8_until:g}) hands FP8 over at step {step:,}, but the run "
+            f"ends at step {total:,} ({what}), so FP8 runs to the end")
+    if set_with_or_after(cfg, "fp8_until", *lengths):
+        raise BadInput(f"{cfg.where('fp8_until', *lengths)}: {said}; remove fp8_until, or give "
+                       f"a step below {total:,} or a fraction below 1")
+    return f"{said} ({cfg.origins.get('fp8_until')} set it before the run's length)"
 
 
 @dataclass(frozen=True)

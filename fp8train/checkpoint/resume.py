@@ -33,16 +33,26 @@ def choose_checkpoint(resume: str, manager: CheckpointManager, log,
     return found, notes
 
 
+# The config keys behind each derived value a resume compares.
+DERIVED_FROM = {"data": ("dataset", "data_dir", "tokenizer", "val_fraction"),
+                "effective_batch_size": ("target_effective_batch_size", "batch_size",
+                                         "gradient_accumulation_steps")}
+
+
 def check_config_change(checkpoint: str, run_hash: str, values: dict, derived: dict,
-                        allow: bool, source: str, log) -> None:
+                        allow: bool, where, log) -> None:
     """Refuse to continue `checkpoint` with keys that change training (unless allow), warn when
-    allowed. `values`: the run's config keys; `derived`: the data's size, the effective batch."""
+    allowed. `values`: the run's config keys; `derived`: the data's size, the effective batch;
+    `where(*keys)`: where those keys' values came from (Config.where), which the refusal
+    names: the option typed on the command line, or the config file."""
     if read_manifest(checkpoint).get("config_hash") == run_hash:
         return
     changed = changed_on_resume(checkpoint, values, derived)
+    keys = [k for change in changed for k in DERIVED_FROM.get(change.split()[0],
+                                                               (change.split()[0],))]
     if changed and not allow:
         raise BadInput(
-            f"{source}: resuming '{checkpoint}' with settings that change training: "
+            f"{where(*keys)}: resuming '{checkpoint}' with settings that change training: "
             f"{', '.join(changed)}; put them back, pass --allow_config_change to continue "
             f"with the new values, or start a new run with another --output_dir")
     if changed:

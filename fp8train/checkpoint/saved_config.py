@@ -8,7 +8,8 @@ import hashlib
 import json
 import os
 
-from ..config.schema import RESUME_FREE, upgrade_saved
+from ..config.schema import RESUME_FREE
+from ..config.yaml_files import upgrade_saved
 from .files import CONFIG_NAME
 
 

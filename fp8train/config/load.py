@@ -30,10 +30,11 @@ def load_config(argv: list[str]) -> Config:
     config_path, overrides = parse_cli(argv)
     values: dict[str, Any] = {}
     origins: dict[str, str] = {}      # key -> the file or the option its value came from
-    source = "<defaults>"
+    source, from_run = "<defaults>", False
     if config_path is not None:
-        apply_mapping(values, read_yaml(config_path), config_path, origins)
-        source = config_path
+        data = read_yaml(config_path)
+        apply_mapping(values, data, config_path, origins)
+        source, from_run = config_path, DERIVED_SECTION in data
     for key, value, typed in overrides:
         values[key] = coerce(KEYS[key], value, f"{typed} on the command line")
         origins[key] = typed
@@ -42,6 +43,6 @@ def load_config(argv: list[str]) -> Config:
         values["output_dir"] = os.path.join("runs", stem)
     if values.get("data_dir") is None:
         values["data_dir"] = os.environ.get("FP8TRAIN_DATA_DIR") or "data"
-    cfg = Config(**values, source=source, origins=origins)
+    cfg = Config(**values, source=source, origins=origins, from_run=from_run)
     validate(cfg)
     return cfg

@@ -10,6 +10,7 @@ only (no torch), like `--help`.
 """
 from __future__ import annotations
 
+from .requires import rules_of
 from .schema import GROUPS, _describe, default_of, key_fields
 
 COMMAND = "python -m fp8train.config.reference > docs/config.md"
@@ -29,6 +30,13 @@ values outside the bounds below, a key given twice in a file and the other slips
 [usage.md](usage.md#the-command-line) stop the run with exit 2 and one line naming the key and
 where its value came from. Files are read as YAML 1.2: `true`/`false` are the only booleans
 (`yes`, `on` are text), `3e-3` is a number, an integer may be written `1e6` or `3.0`.
+
+**Applies only with.** A key that does something only with another key's value says so at the
+end of its meaning (every `fp8_*` key with `use_fp8: true`, every `muon_*` key with `optimizer:
+muon`, ...). Given a value of its own while that other key says otherwise, it would do nothing,
+and the run stops with exit 2 and one line naming both; unless the other key was set later (a
+config's FP8 keys under `--no_fp8` on the command line is a switch, not a mistake). A run's own
+`config.yaml` fed back counts as defaults here. The table is `fp8train/config/requires.py`.
 
 **Change on resume.** "yes": a resumed run may take a new value (how the run is carried out,
 not what it trains). "no": the key changes what is trained, and resuming with a new value is
@@ -79,8 +87,10 @@ def _cell(text: str) -> str:
 def row(f) -> str:
     meta = f.metadata
     resume = {"free": "yes", "locked": "no"}[meta["resume"]]
+    needs = " and ".join(r.said for r in rules_of(f.name))
+    needs = f"; applies only with {needs}" if needs else ""
     cells = [_code(f.name), allowed(f), _code(_yaml_value(default_of(f))), resume,
-             _cell(meta["doc"])]
+             _cell(meta["doc"] + needs)]
     return "| " + " | ".join(cells) + " |"
 
 

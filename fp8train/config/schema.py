@@ -222,7 +222,8 @@ class Config:
     fp8_eval: bool = _key(False, "evaluate in FP8 too (default: bf16)", "fp8", resume="free")
     fp8_until: Optional[float] = _key(
         None, "FP8 up to this point of the run, the base precision after it (the cool-down): "
-        "a fraction of the LR schedule (below 1) or an optimizer step (1 or more)", "fp8", gt=0.0)
+        "a fraction of the LR schedule (below 1) or the step of the hand-over (2 or more, "
+        "before the run's last step)", "fp8", gt=0.0)
     fp8_check_interval: int = _key(
         0, "every N optimizer steps, the step's first micro-batch once more with FP8 off (no "
         "gradients, FP8 state untouched): fp8/loss_gap = FP8 minus high-precision loss (0 = off)",
@@ -281,11 +282,12 @@ class Config:
     eval_samples: int = _key(2, "text samples generated at each evaluation (samples.jsonl, "
                              "W&B table; 0 = off)", "eval", min=0, max=16, resume="free")
     hellaswag_interval: int = _key(
-        0, "HellaSwag accuracy (val/hellaswag_acc) at the evaluations whose step is a multiple "
-        "of this, and at the last (0 = off)", "eval", min=0, resume="free")
+        0, "HellaSwag accuracies (hellaswag/acc, hellaswag/acc_norm) at the evaluations whose "
+        "step is a multiple of this, and at the last (0 = off)", "eval", min=0, resume="free")
     hellaswag_path: Optional[str] = _key(
-        None, "HellaSwag's validation jsonl (hellaswag_val.jsonl); default the hub's "
-        "Rowan/hellaswag through datasets", "eval", resume="free")
+        None, "HellaSwag's validation split: hellaswag_val.jsonl or the hub's validation "
+        "parquet (or its folder); default the hub's Rowan/hellaswag through datasets (its local "
+        "cache when offline)", "eval", resume="free")
     hellaswag_examples: Optional[int] = _key(
         None, "HellaSwag examples to score (the first N); default all 10,042", "eval", min=1,
         resume="free")
@@ -337,6 +339,10 @@ class Config:
                         metadata=dict(internal=True))
     origins: dict = field(default_factory=dict, repr=False, compare=False,
                           metadata=dict(internal=True))
+    # The config file is a run's own config.yaml (it has a `derived:` section): its values were
+    # resolved by that run, so config/requires.py counts them as defaults.
+    from_run: bool = field(default=False, repr=False, compare=False,
+                           metadata=dict(internal=True))
 
     def where(self, *keys: str) -> str:
         """Where the values of `keys` came from, for an error about them: the options and files
@@ -356,17 +362,6 @@ class Config:
 # Keys a later part of the pipeline writes into config.yaml; accepted (and ignored) on load so
 # that a run's config.yaml can be fed back with --config.
 DERIVED_SECTION = "derived"
-
-
-def upgrade_saved(values: dict) -> dict:
-    """A run's saved config.yaml as this version reads it: files written before fp8_recipe
-    named every backend's recipe recorded torchao's default ('tensorwise') under te and
-    native too, where it meant their delayed scaling."""
-    backend = values.get("fp8_backend")
-    if backend in FP8_RECIPES and backend != "torchao" and \
-            values.get("fp8_recipe") == "tensorwise":
-        values = dict(values, fp8_recipe=FP8_RECIPES[backend][0])
-    return values
 
 
 def key_fields():

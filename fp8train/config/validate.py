@@ -5,13 +5,10 @@ fp8train/train/preflight.py."""
 from __future__ import annotations
 
 from ..errors import BadInput
-from .schema import DELAYED_SCALING_KEYS, FP8_RECIPES, Config
+from .requires import origin_layer, set_with_or_after, unmet
+from .schema import FP8_RECIPES, Config
 
-
-def origin_layer(cfg: Config, key: str) -> int:
-    """How late the key's value was set: 0 default, 1 config file, 2 command line."""
-    origin = cfg.origins.get(key)
-    return 0 if origin is None else 2 if origin.startswith("--") else 1
+__all__ = ["origin_layer", "set_with_or_after", "validate"]
 
 
 def validate(cfg: Config) -> None:
@@ -28,21 +25,9 @@ def validate(cfg: Config) -> None:
     # set in the same place as the warmup, or before it, contradicts it.
     which = "lr_decay_steps" if cfg.lr_decay_steps else "max_steps" if cfg.max_steps else None
     if which and cfg.warmup_steps >= getattr(cfg, which) and \
-            origin_layer(cfg, "warmup_steps") >= origin_layer(cfg, which):
+            set_with_or_after(cfg, "warmup_steps", which):
         err(f"key 'warmup_steps' ({cfg.warmup_steps}) must be smaller than {which} "
             f"({getattr(cfg, which)}): the LR would never decay", "warmup_steps", which)
-    if cfg.penalty_weight > 0 and cfg.penalty_type == "none":
-        err(f"key 'penalty_weight' is {cfg.penalty_weight} but penalty_type is 'none'; "
-            f"choose z_loss or logit_l2", "penalty_weight", "penalty_type")
-    if cfg.auto_batch_size and cfg.target_effective_batch_size is None:
-        err("key 'auto_batch_size' needs target_effective_batch_size", "auto_batch_size")
-    if cfg.auto_batch_size and cfg.gradient_accumulation_steps is not None:
-        err("key 'gradient_accumulation_steps' is derived when auto_batch_size is true; remove "
-            "it (or set auto_batch_size: false)", "gradient_accumulation_steps",
-            "auto_batch_size")
-    if cfg.lr_scaling != "none" and cfg.lr_reference_batch_size is None:
-        err(f"key 'lr_scaling' is '{cfg.lr_scaling}' but lr_reference_batch_size is not set",
-            "lr_scaling")
     if cfg.n_kv_head is not None and cfg.n_head is not None and cfg.n_head % cfg.n_kv_head:
         err(f"key 'n_kv_head' ({cfg.n_kv_head}) must divide n_head ({cfg.n_head})",
             "n_kv_head", "n_head")
@@ -52,32 +37,24 @@ def validate(cfg: Config) -> None:
     if cfg.use_fp8 and cfg.seq_len % 16:
         err(f"key 'seq_len' ({cfg.seq_len}) must be a multiple of 16 with use_fp8: FP8 GEMMs "
             "need the token dimension divisible by 16", "seq_len", "use_fp8")
+    # Keys that apply only with others (config/requires.py's table).
+    inert = unmet(cfg)
+    if inert:
+        err(inert[0], *inert[1])
     if cfg.use_fp8:
         _check_fp8_recipe(cfg, err)
-    if cfg.fp8_until is not None and cfg.fp8_until >= 1 and cfg.fp8_until != int(cfg.fp8_until):
-        err(f"key 'fp8_until' ({cfg.fp8_until:g}) is a step from 1 on, so a whole number (or "
-            "a fraction of the schedule below 1)", "fp8_until")
+        _check_fp8_until(cfg, err)
     if cfg.compile_scope == "blocks" and cfg.compile_mode in ("reduce-overhead", "max-autotune"):
         err(f"key 'compile_scope' is 'blocks' with compile_mode '{cfg.compile_mode}', whose CUDA "
             "graphs of separately compiled blocks overwrite each other's outputs (pytorch "
             "issue 152887); use compile_scope: auto or model with this mode, or "
             "compile_mode: default or max-autotune-no-cudagraphs per block", "compile_scope",
             "compile_mode")
-    if cfg.fp8_min_layer_size and cfg.fp8_layers != "min_size":
-        err(f"key 'fp8_min_layer_size' ({cfg.fp8_min_layer_size}) applies only with fp8_layers: "
-            f"min_size, but fp8_layers is '{cfg.fp8_layers}'; set fp8_layers: min_size or "
-            "remove fp8_min_layer_size", "fp8_min_layer_size", "fp8_layers")
 
 
 def _check_fp8_recipe(cfg: Config, err) -> None:
     backend, recipe = cfg.fp8_backend, cfg.fp8_recipe
-    if backend == "auto" and recipe != "auto":
-        err(f"key 'fp8_recipe' is '{recipe}', but fp8_backend is 'auto', which chooses the "
-            "recipe too; remove fp8_recipe (or name the backend)", "fp8_recipe", "fp8_backend")
-    if cfg.fp8_fsdp_all_gather and recipe == "auto":
-        err("key 'fp8_fsdp_all_gather' needs fp8_backend torchao with fp8_recipe tensorwise, "
-            "named (not auto); remove it", "fp8_fsdp_all_gather", "fp8_recipe")
-    if recipe == "auto":   # the delayed-scaling keys apply to the delayed recipes it times
+    if recipe == "auto" or backend == "auto":  # a named recipe under auto: requires.py
         return
     accepted = FP8_RECIPES[backend]
     if recipe not in accepted:
@@ -86,13 +63,35 @@ def _check_fp8_recipe(cfg: Config, err) -> None:
             if recipe == "tensorwise" else ""
         err(f"key 'fp8_recipe' is '{recipe}', which fp8_backend '{backend}' does not have; "
             f"{backend} accepts {' | '.join(accepted)}{legacy}", "fp8_recipe", "fp8_backend")
-    if recipe in ("current", "block"):
-        for key in DELAYED_SCALING_KEYS:
-            if key in cfg.origins:
-                err(f"key '{key}' applies to delayed scaling only, but fp8_recipe is '{recipe}' "
-                    "(each tensor scaled from its own amax at every step: no margin, no "
-                    "history); remove it", key, "fp8_recipe")
-    if cfg.fp8_fsdp_all_gather and (backend, recipe) != ("torchao", "tensorwise"):
-        err(f"key 'fp8_fsdp_all_gather' needs fp8_backend torchao with fp8_recipe tensorwise "
-            f"(here {backend} / {recipe}); remove it", "fp8_fsdp_all_gather", "fp8_backend",
-            "fp8_recipe")
+
+
+def _check_fp8_until(cfg: Config, err) -> None:
+    """fp8_until: a fraction of the schedule below 1, or a step from 2 on, before the run's
+    last step when that is known from the config (batch/decide.py checks a length set by
+    num_epochs once the data is read)."""
+    until = cfg.fp8_until
+    if until is None:
+        return
+    if until == 1:
+        err("key 'fp8_until' is 1, which would read as step 1: FP8 for one step, then the "
+            "base precision for the whole run; for FP8 to the end remove fp8_until, for a "
+            "cool-down write a fraction of the schedule below 1 (0.8: the last 20% in the "
+            "base precision) or the step of the hand-over (2 or more)", "fp8_until")
+    if until > 1 and until != int(until):
+        err(f"key 'fp8_until' ({until:g}) is a step from 1 on, so a whole number (or "
+            "a fraction of the schedule below 1)", "fp8_until")
+    if cfg.max_steps is None:
+        return
+    if until > 1:
+        step, length = int(until), "max_steps"
+    elif cfg.lr_decay_steps:
+        step, length = max(1, round(until * cfg.lr_decay_steps)), "lr_decay_steps"
+    else:
+        return
+    if step >= cfg.max_steps and set_with_or_after(cfg, "fp8_until", "max_steps", length):
+        where = "" if length == "max_steps" else \
+            f" ({until:g} of lr_decay_steps {cfg.lr_decay_steps:,})"
+        err(f"key 'fp8_until' ({until:g}) hands FP8 over at step {step:,}{where}, but the "
+            f"run ends at step {cfg.max_steps:,} (max_steps), so FP8 would run to the end; "
+            f"remove fp8_until, or give a step below {cfg.max_steps:,} or a fraction below 1",
+            "fp8_until", "max_steps", length)

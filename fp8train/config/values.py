@@ -19,6 +19,7 @@ def coerce(f, value: Any, source: str) -> Any:
         got = repr(value) if not isinstance(value, str) else f"'{value}'"
         raise BadInput(f"{source}: key '{name}' must be {_describe(f)}, got {got}"
                           + (f" ({why})" if why else ""))
+    m = f.metadata
 
     if value is None:
         if _is_optional(f):
@@ -60,9 +61,9 @@ def coerce(f, value: Any, source: str) -> Any:
         if not isinstance(value, list) or \
                 not all(isinstance(v, str) and v and v == v.strip() for v in value):
             bad("each item a non-empty string; quote numbers and true/false")
-    m = f.metadata
     if m.get("choices") and value not in m["choices"]:
-        bad()
+        close = did_you_mean(value, m["choices"])
+        bad(f"did you mean '{close}'?" if close else None)
     if base in ("int", "float"):
         if m.get("gt") is not None and not value > m["gt"]:
             bad()

@@ -16,7 +16,7 @@ import yaml
 
 from ..errors import BadInput, one_line
 from ..errors import redact
-from .schema import DERIVED_SECTION, GROUPS, Config, key_fields
+from .schema import DERIVED_SECTION, FP8_RECIPES, GROUPS, Config, key_fields
 
 
 class ConfigSlip(yaml.YAMLError):
@@ -154,3 +154,14 @@ def dump_yaml(cfg: Config, derived: Optional[dict] = None) -> str:
         text += yaml.dump({DERIVED_SECTION: redact(derived)}, Dumper=StrictDumper,
                           sort_keys=False)
     return redact(text)
+
+
+def upgrade_saved(values: dict) -> dict:
+    """A run's saved config.yaml as this version reads it: files written before fp8_recipe
+    named every backend's recipe recorded torchao's default ('tensorwise') under te and
+    native too, where it meant their delayed scaling."""
+    backend = values.get("fp8_backend")
+    if backend in FP8_RECIPES and backend != "torchao" and \
+            values.get("fp8_recipe") == "tensorwise":
+        values = dict(values, fp8_recipe=FP8_RECIPES[backend][0])
+    return values

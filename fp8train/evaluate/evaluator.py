@@ -9,6 +9,7 @@ import torch
 from ..errors import one_line
 from ..observe.logger import hms
 from .evaluation import token_loss_sums
+from .hellaswag import NORMALISED_BY, describe, metrics_row
 
 
 class Evaluator:
@@ -19,6 +20,7 @@ class Evaluator:
             prec, log
         self.samples, self.hellaswag = samples, hellaswag
         self.final = None      # (step, val/loss) of the latest evaluation
+        self.hellaswag_final = None   # the latest HellaSwag accuracies, with their step
 
     def due(self, step: int, last: bool, stopping: bool) -> bool:
         """At the interval, at the end, and at a stop that is not a deadline (max_hours): a
@@ -54,8 +56,12 @@ class Evaluator:
         row = {"step": st.step, "tokens": st.tokens, "val/loss": val_loss,
                "val/ppl": math.exp(min(val_loss, 50.0)), "time/train_s": train_seconds,
                "time/wall_s": wall()}
+        hella = ""
         if self.hellaswag is not None and self.hellaswag.due(st.step, last):
-            row["val/hellaswag_acc"] = self.hellaswag.accuracy(model)
+            acc = self.hellaswag.accuracy(model)
+            row.update(metrics_row(acc))
+            self.hellaswag_final = dict(acc, acc_norm_by=NORMALISED_BY, step=st.step)
+            hella = f"; {describe(acc)}"
         self.final = (st.step, val_loss)
         if st.best_val_loss is None or val_loss < st.best_val_loss:
             st.best_val_loss, st.best_val_step = val_loss, st.step
@@ -63,8 +69,6 @@ class Evaluator:
         if reached:   # in the same row: one evaluation, one row
             row.update({"val/time_to_target_s": train_seconds, "val/tokens_to_target": st.tokens})
         self.log.log(row)
-        hella = f", val/hellaswag_acc {row['val/hellaswag_acc']:.4f}" \
-            if "val/hellaswag_acc" in row else ""
         self.log.msg(f"eval step {st.step:,}: val/loss {val_loss:.4f}, "
                      f"val/ppl {row['val/ppl']:.2f}{hella}")
         if reached:

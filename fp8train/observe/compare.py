@@ -6,7 +6,8 @@ values differ between the runs (from each run's config.yaml: a sweep's parameter
 instance), then each run's end-of-run report from its summary.json; a run without one (still
 running, or killed) is read from its metrics.jsonl as far as it goes, and marked so. The PNG
 (OUT/val_loss.png) plots each run's val/loss against wall time (x "wall"), training time
-("train": evaluation and checkpoints excluded) or tokens ("tokens").
+("train": evaluation and checkpoints excluded) or tokens ("tokens"). OUT is runs/compare by
+default, and one that holds an earlier comparison is refused unless `overwrite`.
 
 FP8 against its twin: each run with use_fp8 is compared with a run without it, the only such run
 given, else the one whose config differs from it only in precision, fp8 and wandb keys. Rows
@@ -55,6 +56,8 @@ ROWS = [
     ("training time", lambda s: _hms(s.get("train_time_s")), "{}"),
     ("tokens/s (steady)", "tokens_per_sec", "{:,.0f}"),
     ("MFU (steady)", lambda s: None if s.get("mfu") is None else f"{100 * s['mfu']:.1f}%", "{}"),
+    ("HellaSwag acc / acc_norm", lambda s: "{acc:.4f} / {acc_norm:.4f} ({examples:,} "
+     "examples, step {step:,})".format(**s["hellaswag"]) if s.get("hellaswag") else None, "{}"),
     ("peak memory (GB)", "peak_memory_gb", "{:.1f}"),
     ("skipped steps", "skipped_steps", "{:,}"),
     ("rollbacks", "rollbacks", "{:,}"),
@@ -288,9 +291,15 @@ def plot_val_loss(plt, names: list, all_rows: list, x: str, dest: str) -> str:
             f"--x tokens works for any run): {', '.join(missing)}") if missing else ""
 
 
-def compare(run_dirs: list, out: str = "compare", x: str = "wall", no_plot: bool = False) -> int:
+DEFAULT_OUT = os.path.join("runs", "compare")
+OUTPUTS = ("compare.md", "val_loss.png")
+
+
+def compare(run_dirs: list, out: str = DEFAULT_OUT, x: str = "wall", no_plot: bool = False,
+            overwrite: bool = False) -> int:
     """The table (printed, and written to OUT/compare.md) and, unless `no_plot`, the plot of
-    val/loss against `x` (a key of X_AXES) in OUT/val_loss.png; BadInput for bad input."""
+    val/loss against `x` (a key of X_AXES) in OUT/val_loss.png; BadInput for bad input, and
+    for an OUT that holds an earlier comparison unless `overwrite`."""
     seen = {}
     for d in run_dirs:
         real = os.path.realpath(d)
@@ -305,10 +314,16 @@ def compare(run_dirs: list, out: str = "compare", x: str = "wall", no_plot: bool
     summaries, all_rows = [s for s, _ in runs], [r for _, r in runs]
     pairs, notes = twins(names, summaries, configs)
     md = table(names, summaries, configs, twin_rows(names, summaries, all_rows, pairs))
+    earlier = [f for f in OUTPUTS if os.path.exists(os.path.join(out, f))]
+    if earlier and not overwrite:
+        raise BadInput(f"'{out}' holds an earlier comparison ({', '.join(earlier)}); pass "
+                       "--overwrite to replace it, or --out another folder")
     try:
         os.makedirs(out, exist_ok=True)
         with open(os.path.join(out, "compare.md"), "w", encoding="utf-8") as fh:
             fh.write(md + "\n")
+        if no_plot and "val_loss.png" in earlier:   # --overwrite: no plot of other runs stays
+            os.remove(os.path.join(out, "val_loss.png"))
     except OSError as e:
         raise BadInput(f"cannot write to '{out}': {e.strerror or e}") from None
     print(md)

@@ -8,7 +8,7 @@ import os
 import re
 import sys
 
-from ..config.schema import upgrade_saved
+from ..config.yaml_files import upgrade_saved
 
 
 def load_rows(path: str, warn=None) -> list:

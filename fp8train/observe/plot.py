@@ -268,7 +268,7 @@ def lr_schedule_plot(warmup_steps: int, total_steps: int, max_lr: float, min_lr_
     for s in samples:
         print(f"{s:>10}  {lrs[s]:.6g}")
 
-    plt = pyplot("the plot needs matplotlib: pip install matplotlib (or -e '.[dev]')")
+    plt = pyplot("the plot needs matplotlib: pip install matplotlib (pip install -e . installs it)")
     fig, ax = plt.subplots(figsize=(8, 4))
     ax.plot(steps, lrs)
     ax.axvline(warmup_steps, color="gray", linestyle=":", label="end of warmup")

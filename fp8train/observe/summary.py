@@ -58,6 +58,8 @@ def build(facts: dict, st, precision: dict, outcome: dict, fp8=None) -> dict:
         "checkpoints_written": st.checkpoints_written,
         "latest_checkpoint": outcome["latest_checkpoint"],
         "fp8_verdict": _fp8_verdict(fp8, facts, tok_s),
+        # hellaswag_interval: the last evaluation's acc, acc_norm (per token), examples, step
+        "hellaswag": outcome.get("hellaswag"),
     }
 
 
@@ -95,6 +97,11 @@ def describe(s: dict) -> list[str]:
         lines.append(f"summary: FP8 recipe {choice['chosen']} (fp8 auto: "
                      + (f"the fastest of {timed} timed whose numerics passed)" if timed else
                         f"{choice.get('note', 'nothing timed')})"))
+    hella = s.get("hellaswag")
+    if hella:
+        lines.append(f"summary: HellaSwag at step {hella['step']:,}: acc {hella['acc']:.4f}, "
+                     f"acc_norm {hella['acc_norm']:.4f} (per {hella['acc_norm_by']}) over "
+                     f"{hella['examples']:,} examples")
     gap = s.get("fp8_loss_gap")
     if gap:
         lines.append(f"summary: FP8 - {s['precision']} loss on the same batch: last "

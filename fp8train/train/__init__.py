@@ -5,7 +5,8 @@ by cli or preflight, so that a bad config comes back before torch loads).
 - cli.py         train_fp8.py's entry: the config, preflight, then `loop.train`; one-line errors
                  and exit codes.
 - preflight.py   the checks of a loaded config that read the filesystem (dataset,
-                 batch_cache_dir, a resume path).
+                 batch_cache_dir, HellaSwag's examples, a resume path).
+- threads.py     how torch's CPU threads wait (OpenMP's policy), set before torch loads.
 - build.py       assembly: run directory, resume point, precision, Accelerator, data, batch
                  plan, model and optimizer (restored on resume), config.yaml, W&B, the loop's
                  components; returns one `Run`.

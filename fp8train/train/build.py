@@ -15,6 +15,7 @@ from typing import Any, Optional
 import torch
 
 from .. import ranks
+from . import threads
 from ..batch.decide import (BatchDecision, RunLength, decide_batch, new_model, run_length,
                             written_plan)
 from ..batch.plan import BatchPlan
@@ -173,7 +174,7 @@ def build(cfg: Config, state, log: Logger, requests: StopRequests) -> Optional[R
     if checkpoint is not None:
         check_config_change(checkpoint, run_hash, to_dict(cfg),
                             dict(data=data_id, effective_batch_size=plan.effective),
-                            cfg.allow_config_change, cfg.source, log)
+                            cfg.allow_config_change, cfg.where, log)
     net, n_params, flops_per_token = _net(cfg, mcfg, prec, acc, batch, checkpoint, log)
     train_state = TrainState()
     # Same init everywhere (seeded above); from here on dropout masks differ per rank. A resume
@@ -299,7 +300,7 @@ def _accelerator(cfg: Config, state, run_dir: str, log: Logger):
     check_distributed(cfg, acc.distributed_type)
     n = acc.num_processes
     log.msg(f"fp8train: {cfg.source} -> {run_dir} ({n} process{'es' if n > 1 else ''}, "
-            f"{device_name(acc.device)}, {prec.name})")
+            f"{threads.device_text(acc.device)}, {prec.name})")
     return prec, acc
 
 
@@ -323,8 +324,8 @@ def _feed(cfg: Config, plan: BatchPlan, train_tokens: int, windows, acc, log: Lo
     log.msg(plan.describe(cfg.seq_len) + (f"; {note}" if note else ""))
     if lr_note:
         log.msg(lr_note)
-    if sched.warmup_note:
-        log.warn(sched.warmup_note)
+    for note in filter(None, (sched.warmup_note, sched.fp8_until_note)):
+        log.warn(note)
     lr_args = dict(max_lr=max_lr, warmup_steps=sched.warmup_steps, total_steps=sched.lr_steps,
                    min_lr_ratio=cfg.min_lr_ratio, schedule=cfg.lr_schedule,
                    decay_fraction=cfg.lr_decay_fraction, decay_shape=cfg.lr_decay_shape)

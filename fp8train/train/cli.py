@@ -11,7 +11,7 @@ import sys
 
 from ..config.load import HelpRequested, help_text, load_config
 from ..errors import EXIT_OK, BadInput, report, run_reported
-from . import preflight
+from . import preflight, threads
 
 
 def _is_rank0() -> bool:
@@ -38,6 +38,9 @@ def main(argv: list[str] | None = None) -> int:
         return report(e, show=_is_rank0())
     # Must be set before torch initialises CUDA: fewer fragmentation OOMs on long runs.
     os.environ.setdefault("PYTORCH_CUDA_ALLOC_CONF", "expandable_segments:True")
+    # ... and before torch loads OpenMP: its threads sleep rather than spin when they wait, so
+    # that a CPU shared with another busy process slows down in proportion (threads.py).
+    threads.apply()
     from ..batch.plan import memory_hint
     from .signals import Stopped, StopRequests
 

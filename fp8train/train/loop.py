@@ -318,7 +318,7 @@ class Trainer:
         report = summary.build(self.run.facts, st, self.net.prec.derived(), dict(
             status=status, exit_code=exit_code, final_val=p.evaluator.final,
             latest_checkpoint=p.checkpointer.latest(), peak_memory_gb=peak_mem,
-            first_step_s=self.first_step_s,
+            first_step_s=self.first_step_s, hellaswag=p.evaluator.hellaswag_final,
             **p.gap_check.summary()),
             fp8=self.fp8_facts())
         for line in summary.describe(report):

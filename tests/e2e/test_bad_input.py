@@ -77,9 +77,12 @@ CASES = [
     Case("warmup-not-below-max-steps", ["--warmup_steps=10", "--max_steps=10"],
          expect="key 'warmup_steps' (10) must be smaller than max_steps (10)"),
     Case("penalty-weight-without-type", ["--penalty_weight=0.1"],
-         expect="key 'penalty_weight' is 0.1 but penalty_type is 'none'"),
+         expect="--penalty_weight=0.1: key 'penalty_weight' (0.1) applies only with "
+                "penalty_type: z_loss or logit_l2, but penalty_type is 'none', so it would do "
+                "nothing; remove it or change penalty_type"),
     Case("auto-batch-without-target", ["--auto_batch_size"],
-         expect="key 'auto_batch_size' needs target_effective_batch_size"),
+         expect="key 'auto_batch_size' (true) applies only with target_effective_batch_size "
+                "set, but target_effective_batch_size is null"),
     Case("n-embd-not-divisible-by-n-head", ["--n_embd=100", "--n_head=3"],
          expect="key 'n_embd' (100) must be divisible by n_head (3)"),
     Case("no-epochs-and-no-max-steps", ["--num_epochs=null", "--max_steps=null"],
@@ -87,7 +90,8 @@ CASES = [
     Case("fp8-seq-len-not-multiple-of-16", ["--use_fp8", "--seq_len=24"],
          expect="key 'seq_len' (24) must be a multiple of 16 with use_fp8"),
     Case("lr-scaling-without-reference", ["--lr_scaling=sqrt"],
-         expect="key 'lr_scaling' is 'sqrt' but lr_reference_batch_size is not set"),
+         expect="key 'lr_scaling' ('sqrt') applies only with lr_reference_batch_size set, "
+                "but lr_reference_batch_size is null"),
     Case("n-head-does-not-divide-preset-width", ["--n_head=5"],       # found once torch is up
          expect="model 'tiny': n_embd 128 is not divisible by n_head 5"),
     Case("target-batch-inconsistent", ["--target_effective_batch_size=5"],

@@ -397,7 +397,8 @@ def test_resume_refuses_changes_that_change_training(tmp_path, six_steps):
     r = run_train(*tiny_args(out, **base, n_embd=64, learning_rate=1e-3))
     assert r.returncode == 2
     assert r.stderr.strip().splitlines() == [
-        f"error: configs/test_fp8.yaml: resuming '{out / 'checkpoints' / 'step_0000006'}' with "
+        f"error: --n_embd=64, --learning_rate=0.001: resuming "
+        f"'{out / 'checkpoints' / 'step_0000006'}' with "
         "settings that change training: n_embd None -> 64, learning_rate 0.003 -> 0.001; put "
         "them back, pass --allow_config_change to continue with the new values, or start a new "
         "run with another --output_dir"]

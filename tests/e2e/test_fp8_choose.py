@@ -32,7 +32,8 @@ def test_fp8_backend_auto_with_a_named_recipe_exits_2_in_one_line(tmp_path):
                              fp8_recipe="current"))
     assert r.returncode == 2 and "Traceback" not in r.stderr
     line = r.stderr.strip().splitlines()[-1]
-    assert "key 'fp8_recipe' is 'current', but fp8_backend is 'auto'" in line
+    assert "key 'fp8_recipe' ('current') applies only with a named fp8_backend (auto chooses " \
+        "the recipe too), but fp8_backend is 'auto'" in line
 
 
 def test_evaluate_py_evaluates_in_fp8_with_the_recipe_auto_chose(tmp_path):

@@ -17,7 +17,7 @@ SUMMARY_KEYS = {
     "tokens_per_sec", "mfu", "steady_state_tokens", "peak_memory_gb", "batch", "precision",
     "fp8", "fp8_layers_converted", "model", "n_params", "skipped_steps", "rollbacks",
     "checkpoints_written", "latest_checkpoint", "fp8_verdict", "tokens_fp8", "tokens_after_fp8",
-    "fp8_loss_gap", "fp8_choice", "first_step_s"}
+    "fp8_loss_gap", "fp8_choice", "first_step_s", "hellaswag"}
 
 
 def _rows(run):

@@ -25,16 +25,19 @@ CASES = [
                       "the line")),
     Case("cli-fp8-margin-under-current-scaling", ["--use_fp8", "--fp8_backend=native",
                                                   "--fp8_recipe=current", "--fp8_margin=1"],
-         expect="--fp8_margin=1, --fp8_recipe=current: key 'fp8_margin' applies to delayed "
-                "scaling only"),
+         expect="--fp8_margin=1, --fp8_recipe=current: key 'fp8_margin' (1) applies only "
+                "with delayed scaling (fp8_recipe: delayed, or auto, which times it), but "
+                "fp8_recipe is 'current'"),
     yaml_case("config-fp8-history-under-block-scaling",
               "use_fp8: true\nfp8_recipe: block\nfp8_amax_history_len: 16\n",
-              expect="{d}/x.yaml: key 'fp8_amax_history_len' applies to delayed scaling only, "
-                     "but fp8_recipe is 'block'"),
+              expect="{d}/x.yaml: key 'fp8_amax_history_len' (16) applies only with delayed "
+                     "scaling (fp8_recipe: delayed, or auto, which times it), but fp8_recipe "
+                     "is 'block'"),
     Case("cli-fp8-fsdp-all-gather-without-torchao", ["--use_fp8", "--fp8_backend=native",
                                                      "--fp8_fsdp_all_gather"],
-         expect="key 'fp8_fsdp_all_gather' needs fp8_backend torchao with fp8_recipe "
-                "tensorwise (here native / delayed)"),
+         expect="key 'fp8_fsdp_all_gather' (true) applies only with fp8_backend: torchao "
+                "and fp8_recipe: tensorwise, but fp8_backend is 'native', fp8_recipe is "
+                "'delayed'"),
     # YAML that PyYAML reads without a word ----------------------------------------------------
     yaml_case("config-duplicate-key", "seq_len: 64\nbatch_size: 4\nseq_len: 128\n",
               expect="{d}/x.yaml: line 3: key 'seq_len' is given twice (first on line 1)"),

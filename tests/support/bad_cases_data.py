@@ -1,8 +1,10 @@
 """Bad-input cases: data. See tests/e2e/test_bad_input.py for how a case is run and judged.
 
 Most are refused while the config is validated (no torch import): files given as `dataset` that
-are not plain UTF-8 text, and names that are not found. The last ones need the data loaded:
-token ids outside the vocabulary, and batches or windows larger than the data."""
+are not plain UTF-8 text, names that are not found, and HellaSwag files that are not HellaSwag's
+as users have them (read in the preflight, before data, model and batch probe). The last ones
+need the data loaded: token ids outside the vocabulary, and batches or windows larger than the
+data."""
 import bz2
 import gzip
 import json
@@ -12,6 +14,8 @@ import numpy as np
 from support.bad_input_kit import Case, prepared
 
 JSONL = "".join(json.dumps({"id": i, "text": "Some document. " * 20}) + "\n" for i in range(50))
+HELLA = json.dumps({"ctx": "A man", "endings": ["a", "b", "c", "d"], "label": 0}) + "\n"
+ON = ["--hellaswag_interval=2", "--hellaswag_path={d}/h.jsonl"]
 TEXT = "To be, or not to be, that is the question.\n" * 100
 
 
@@ -148,4 +152,31 @@ CASES = cases_for_structured_files() + [
          expect="key 'batch_size': an effective batch of 10,000,000 sequences"),
     Case("synthetic-seq-len-larger-than-dataset", ["--dataset=synthetic", "--seq_len=1000000"],
          expect="dataset 'synthetic': the val split has 262,144 tokens, fewer than seq_len + 1"),
+    # HellaSwag as users have it, read before anything is built ---------------------------------
+    Case("hellaswag-not-utf8", ON, files={"h.jsonl": HELLA.encode() + b'{"ctx": "caf\xe9"}\n'},
+         expect="key 'hellaswag_path': {d}/h.jsonl:2: not UTF-8 text (byte 0xe9 at column 13)"),
+    Case("hellaswag-json-array", ON, files={"h.jsonl": "[" + HELLA.strip() + "]\n"},
+         expect="key 'hellaswag_path': {d}/h.jsonl:1: a JSON array; HellaSwag's file is JSON "
+                "lines, one example object per line"),
+    Case("hellaswag-truncated", ON, files={"h.jsonl": HELLA * 2 + HELLA[:30]},
+         expect="{d}/h.jsonl:3: not JSON (Unterminated string starting at: column 30); the "
+                "file ends inside this record: truncated?"),
+    Case("hellaswag-label-true", ON, files={"h.jsonl": HELLA.replace('"label": 0', '"label": '
+                                                                   'true')},
+         expect="{d}/h.jsonl:1: not a HellaSwag example (label is a boolean true; it must be "
+                "0, 1, 2 or 3"),
+    Case("hellaswag-label-fraction", ON, files={"h.jsonl": HELLA.replace('"label": 0',
+                                                                       '"label": 2.7')},
+         expect="{d}/h.jsonl:1: not a HellaSwag example (label is a number 2.7;"),
+    Case("hellaswag-endings-a-string", ON, files={"h.jsonl": HELLA.replace(
+        '["a", "b", "c", "d"]', '"abcd"')},
+         expect="{d}/h.jsonl:1: not a HellaSwag example (endings is a string \"abcd\"; it must "
+                "be a list of 4 strings)"),
+    Case("hellaswag-parquet-not-parquet", ["--hellaswag_interval=2",
+                                           "--hellaswag_path={d}/validation.parquet"],
+         files={"validation.parquet": HELLA}, expect="key 'hellaswag_path': "
+         "{d}/validation.parquet: not a readable parquet file ("),
+    Case("hellaswag-path-without-interval", ["--hellaswag_path={d}/h.jsonl"],
+         files={"h.jsonl": HELLA}, expect="key 'hellaswag_path' ('{d}/h.jsonl') applies only "
+         "with hellaswag_interval above 0"),
 ]

@@ -69,6 +69,10 @@ TOOL_CASES = [
              expect="cannot read '{d}/b/summary.json'"),
     ToolCase("compare-out-is-a-file", COMPARE + ["{d}/a", "--out", "{d}/a/summary.json"],
              files=run_files("a"), expect="cannot write to '{d}/a/summary.json'"),
+    ToolCase("compare-out-holds-an-earlier-comparison", COMPARE + ["{d}/a", "--out", "{d}/cmp"],
+             files=dict(run_files("a"), **{"cmp/compare.md": "| earlier |\n"}),
+             expect="'{d}/cmp' holds an earlier comparison (compare.md); pass --overwrite to "
+                    "replace it, or --out another folder"),
     # run_sweep.py ------------------------------------------------------------------------------
     ToolCase("sweep-create-without-wandb",
              ["{python}", "-c", "import runpy, sys; sys.modules['wandb'] = None; "

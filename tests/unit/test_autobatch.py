@@ -170,9 +170,11 @@ def test_lr_scaling_rules():
     lr, note = scaled_lr(3e-3, "sqrt", 512, 256)
     assert lr == pytest.approx(3e-3 * math.sqrt(2)) and "sqrt(512/256)" in note
     assert scaled_lr(3e-3, "linear", 128, 256)[0] == pytest.approx(1.5e-3)
-    with pytest.raises(BadInput, match="lr_reference_batch_size is not set"):
+    with pytest.raises(BadInput, match="applies only with lr_reference_batch_size set"):
         load_config(["--lr_scaling", "sqrt"])
-    with pytest.raises(BadInput, match="'gradient_accumulation_steps' is derived"):
+    with pytest.raises(BadInput, match="'gradient_accumulation_steps' .2. applies only with "
+                                       "auto_batch_size: false .with auto_batch_size it is "
+                                       "derived."):
         load_config(["--auto_batch_size", "--target_effective_batch_size=64",
                      "--gradient_accumulation_steps=2"])
 

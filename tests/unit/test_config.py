@@ -62,7 +62,7 @@ def test_yaml_scalars_mean_what_yaml_1_2_says(tmp_path):
     """The YAML 1.1 surprises PyYAML has by default: on/no/yes are text, 010 is ten, an
     integral float is the integer, -0.0 is 0.0, and a byte-order mark is harmless."""
     path = tmp_path / "x.yaml"
-    path.write_bytes("\ufeffwandb_project: on\nwandb_run_name: no\nseed: 010\n"
+    path.write_bytes("\ufeffuse_wandb: true\nwandb_project: on\nwandb_run_name: no\nseed: 010\n"
                      "max_steps: 1e3\nwarmup_steps: 3.0\ndropout: -0.0\n"
                      "wandb_tags: [2024-01-01, v1]\n".encode("utf-8"))
     cfg = load_config(["--config", str(path)])
@@ -112,12 +112,13 @@ def test_every_script_ends_through_the_broken_pipe_guard():
 def test_cli_overrides_yaml_in_both_spellings(tmp_path):
     path = write(tmp_path, "learning_rate: 0.1\nseq_len: 64\nuse_fp8: true\n")
     cfg = load_config(["--config", path, "--learning_rate=2e-4", "--seq_len", "32", "--no_fp8",
-                       "--wandb_tags", "a,b", "--resume", "--compile", "--max_steps=null"])
+                       "--use_wandb", "--wandb_tags", "a,b", "--resume", "--compile",
+                       "--max_steps=null"])
     assert (cfg.learning_rate, cfg.seq_len, cfg.use_fp8) == (2e-4, 32, False)
     assert cfg.wandb_tags == ["a", "b"] and cfg.resume == "auto" and cfg.compile is True
     assert cfg.max_steps is None
-    cfg = load_config(["--config", path, "--use_fp8", "false", "--fp8_backend", "native"])
-    assert cfg.use_fp8 is False and cfg.fp8_backend == "native"
+    cfg = load_config(["--config", path, "--use_fp8", "false", "--seed", "7"])
+    assert cfg.use_fp8 is False and cfg.seed == 7
     # the last occurrence wins, as with any command line
     assert load_config(["--seed", "1", "--seed=2"]).seed == 2
 
@@ -165,7 +166,8 @@ def test_shipped_configs_cover_the_documented_ones():
 
 
 def test_written_config_loads_back_identically(tmp_path):
-    cfg = load_config(["--config", str(ROOT / "configs" / "test_fp8.yaml"), "--wandb_tags=x",
+    cfg = load_config(["--config", str(ROOT / "configs" / "test_fp8.yaml"), "--use_wandb",
+                       "--wandb_tags=x",
                        "--output_dir", str(tmp_path / "run")])
     path = tmp_path / "config.yaml"
     path.write_text(C.dump_yaml(cfg, {"micro_batch_size": 16, "world_size": 1}))
@@ -177,7 +179,8 @@ def test_text_that_reads_as_a_number_is_written_quoted_and_loads_back_as_text(tm
     """YAML 1.2 reads a plain `3e-4` as a number where PyYAML's 1.1 dumper would leave it
     plain: the run's config.yaml must still load as the text it was."""
     given = tmp_path / "given.yaml"
-    given.write_text("wandb_run_name: '3e-4'\nwandb_tags: [lr, '3e-4', '0o7', 'yes', '10']\n")
+    given.write_text("use_wandb: true\nwandb_run_name: '3e-4'\n"
+                     "wandb_tags: [lr, '3e-4', '0o7', 'yes', '10']\n")
     cfg = load_config(["--config", str(given)])
     assert cfg.wandb_run_name == "3e-4" and cfg.wandb_tags == ["lr", "3e-4", "0o7", "yes", "10"]
     path = tmp_path / "config.yaml"
@@ -250,3 +253,159 @@ def test_fp8_until_as_a_step_is_a_whole_number(tmp_path):
         load_config(["--config", str(ROOT / "configs" / "test_fp8.yaml"), "--fp8_until=12.5"])
     assert load_config(["--config", str(ROOT / "configs" / "test_fp8.yaml"),
                         "--fp8_until=0.8"]).fp8_until == 0.8
+
+
+# --- keys that apply only with others (fp8train/config/requires.py) ---------------------------
+
+# A value of each key that is not its default, where the first that differs would not do.
+EXAMPLES = {"fp8_recipe": "current", "fp8_until": 0.5, "fp8_fsdp_all_gather": True,
+            "probe_memory_limit_gb": 1.0, "hellaswag_path": "h.jsonl"}
+
+
+def example(key):
+    """A valid value of `key` other than its default (EXAMPLES, else the next one the key
+    allows)."""
+    from fp8train.config.schema import _base_type, default_of
+    from fp8train.config.values import coerce
+    if key in EXAMPLES:
+        return EXAMPLES[key]
+    f = C.KEYS[key]
+    d, base = default_of(f), _base_type(f)
+    if f.metadata.get("choices"):
+        return next(c for c in f.metadata["choices"] if c != d)
+    candidates = {"bool": lambda: [not d], "str": lambda: ["x"], "list": lambda: [["x"]],
+                  "int": lambda: [(d or 0) + 1, (d or 0) + 2],
+                  "float": lambda: [d * 2 if d else 0.5, d / 2 if d else 0.25]}[base]()
+    for value in candidates:
+        try:
+            return coerce(f, value, "test")
+        except BadInput:
+            pass
+    raise AssertionError(f"no example value for {key}: add one to EXAMPLES")
+
+
+def _walk():
+    from fp8train.config.requires import RULES
+    return [pytest.param(rule, key, id=f"{key}-needs-{'+'.join(rule.on)}")
+            for rule in RULES for key in rule.keys]
+
+
+def _yaml(values) -> str:
+    return yaml.safe_dump(values, sort_keys=False)
+
+
+@pytest.mark.parametrize("rule,key", _walk())
+def test_every_key_of_the_table_is_refused_where_it_would_do_nothing(tmp_path, rule, key):
+    """Each key of each rule: accepted where its rule holds; refused in one line naming the key
+    and the keys it needs when they say otherwise in the same place (a file) or earlier
+    (defaults, the file under the key's own command-line option); accepted when they are
+    switched off later (the command line over the file), as --no_fp8 is."""
+    from fp8train.config.requires import rules_of
+    value = example(key)
+    holds = {k: v for r in rules_of(key) for k, v in r.when.items()}
+    file = write(tmp_path, _yaml({key: value, **holds}))
+    assert load_config(["--config", file]) is not None
+    # under `off`, what the key's other rules need is left out when this rule covers it too
+    # (fp8_max_loss_gap needs fp8_check_interval, which needs use_fp8 as well)
+    holds = {k: v for k, v in holds.items() if k not in rule.keys}
+    inert = write(tmp_path, _yaml({key: value, **holds, **rule.off}), "inert.yaml")
+    with pytest.raises(BadInput) as e:
+        load_config(["--config", inert])
+    msg = str(e.value)
+    assert msg.startswith(f"{inert}: key '{key}' (") and "\n" not in msg, msg
+    assert all(k in msg.split("applies only with", 1)[1] for k in rule.on), msg
+    later = [f"--{k}={'null' if v is None else str(v).lower() if isinstance(v, bool) else v}"
+             for k, v in rule.off.items()]
+    cfg = load_config(["--config", file, *later])
+    assert not rule.holds(cfg) and getattr(cfg, key) == value
+    earlier = write(tmp_path, _yaml({**holds, **rule.off}), "earlier.yaml")
+    typed = f"--{key}={yaml.safe_dump(value, default_flow_style=True).strip()}"
+    typed = typed.removesuffix("\n...")
+    with pytest.raises(BadInput, match=f"^--{key}=.*key '{key}'"):
+        load_config(["--config", earlier, typed])
+
+
+def test_the_table_covers_whole_families_and_every_key_documented_as_conditional():
+    """A new fp8_*, muon_*, wandb_* or hellaswag_* key joins its family's rule by its name; a
+    key whose doc opens with the value or key it depends on ("muon: ...", "wsd: ...",
+    "fp8_layers auto: ...") must be in a rule too."""
+    import re
+
+    from fp8train.config.requires import rules_of
+    needs = {"fp8_": "use_fp8", "muon_": "optimizer", "wandb_": "use_wandb",
+             "hellaswag_": "hellaswag_interval"}
+    for key in C.KEYS:
+        for prefix, on in needs.items():
+            if key.startswith(prefix) and key != on:
+                assert any(on in r.on for r in rules_of(key)), key
+    words = set(C.KEYS) | {c for f in C.KEYS.values() for c in f.metadata.get("choices") or ()}
+    for key, f in C.KEYS.items():
+        m = re.match(r"([\w-]+)[\w ]*: ", f.metadata["doc"])
+        if m and m.group(1) in words:
+            assert rules_of(key), f"{key}'s doc says it depends on {m.group(1)}: add a rule"
+
+
+def test_a_runs_own_config_yaml_loads_back_whatever_was_switched_off_on_its_command_line(
+        tmp_path):
+    """--no_fp8 over an FP8 config is accepted; the run's config.yaml then holds FP8 keys with
+    use_fp8: false in one file, and loads back all the same."""
+    cfg = load_config(["--config", str(ROOT / "configs" / "fineweb_edu_fp8.yaml"), "--no_fp8"])
+    assert (cfg.use_fp8, cfg.fp8_check_interval) == (False, 100)
+    path = tmp_path / "config.yaml"
+    path.write_text(C.dump_yaml(cfg, {"micro_batch_size": 16}))
+    assert C.to_dict(load_config(["--config", str(path)])) == C.to_dict(cfg)
+    with pytest.raises(BadInput, match="^--fp8_until=0.5, .*config.yaml: key 'fp8_until'"):
+        load_config(["--config", str(path), "--fp8_until=0.5"])
+
+
+@pytest.mark.parametrize("args,expect", [
+    (["--fp8_until=1"], "--fp8_until=1: key 'fp8_until' is 1, which would read as step 1: FP8 "
+                        "for one step"),
+    (["--fp8_until=500"], "--fp8_until=500, {cfg}: key 'fp8_until' (500) hands FP8 over at "
+                          "step 500, but the run ends at step 500 (max_steps)"),
+    (["--lr_decay_steps=1000", "--fp8_until=0.6"], "key 'fp8_until' (0.6) hands FP8 over at "
+                                                   "step 600 (0.6 of lr_decay_steps 1,000)"),
+    (["--no_fp8", "--fp8_until=0.8"], "key 'fp8_until' (0.8) applies only with use_fp8: true"),
+    (["--fp8_check_interval=10", "--no_fp8"], "key 'fp8_check_interval' (10) applies only with "
+                                              "use_fp8: true, but use_fp8 is false"),
+    (["--fp8_gap_action=recover"], "key 'fp8_gap_action' ('recover') applies only with "
+                                   "fp8_check_interval above 0"),
+    (["--no_fp8", "--fp8_recipe=auto"], "key 'fp8_recipe' ('auto') applies only with use_fp8"),
+    (["--optimizer=adamw", "--muon_momentum=0.9"], "key 'muon_momentum' (0.9) applies only "
+                                                   "with optimizer: muon"),
+    (["--lr_schedule=cosine", "--lr_decay_shape=1-sqrt"], "key 'lr_decay_shape' ('1-sqrt') "
+                                                          "applies only with lr_schedule: wsd"),
+    (["--hellaswag_path=h.jsonl"], "key 'hellaswag_path' ('h.jsonl') applies only with "
+                                   "hellaswag_interval above 0"),
+    (["--lr_schedule=wds"], "key 'lr_schedule' must be one of cosine, wsd, linear, got 'wds' "
+                            "(did you mean 'wsd'?)"),
+    (["--fp8_recipe=curent"], "got 'curent' (did you mean 'current'?)"),
+    (["--fp8_backend=torchao", "--fp8_recipe=rowwis"], "did you mean 'rowwise'?"),
+    (["--fp8_recipe=rowwise"], "key 'fp8_recipe' is 'rowwise', which fp8_backend 'native' does "
+                               "not have; native accepts delayed | current"),
+])
+def test_the_issues_combinations_are_refused_in_one_line(args, expect):
+    cfg = str(ROOT / "configs" / "test_fp8.yaml")
+    with pytest.raises(BadInput) as e:
+        load_config(["--config", cfg, *args])
+    assert expect.format(cfg=cfg) in str(e.value) and "\n" not in str(e.value), str(e.value)
+
+
+def test_fp8_until_past_a_length_set_by_epochs_is_refused_or_warned_once_the_data_is_known(
+        tmp_path):
+    from fp8train.batch.decide import run_length
+    plan, tokens = BatchPlan(8, 1, 1), 50 * 8 * 1024       # 50 steps per epoch
+    cfg = load_config(["--dataset=synthetic", "--use_fp8", "--warmup_steps=5", "--fp8_until=60"])
+    with pytest.raises(BadInput, match=r"^--fp8_until=60: key 'fp8_until' \(60\) hands FP8 "
+                                       r"over at step 60, but the run ends at step 50 "
+                                       r"\(num_epochs 1 × 50 steps/epoch\)"):
+        run_length(cfg, tokens, plan)
+    assert run_length(load_config(["--dataset=synthetic", "--use_fp8", "--warmup_steps=5",
+                                   "--fp8_until=40"]), tokens, plan).fp8_until_note == ""
+    # A short run of a config with a cool-down: the length set later wins, with a warning.
+    path = write(tmp_path, "dataset: synthetic\nuse_fp8: true\nwarmup_steps: 5\nfp8_until: 40\n")
+    note = run_length(load_config(["--config", path, "--max_steps=20"]), tokens, plan) \
+        .fp8_until_note
+    assert note == (f"key 'fp8_until' (40) hands FP8 over at step 40, but the run ends at step "
+                    f"20 (max_steps), so FP8 runs to the end ({path} set it before the run's "
+                    f"length)")

@@ -184,14 +184,16 @@ def test_provisional_takes_the_first_backend_that_runs_and_its_default_recipe():
 
 @pytest.mark.parametrize("keys, says", [
     (dict(fp8_backend="auto", fp8_recipe="current"),
-     "key 'fp8_recipe' is 'current', but fp8_backend is 'auto', which chooses the recipe too"),
+     r"key 'fp8_recipe' \('current'\) applies only with a named fp8_backend \(auto chooses the "
+     r"recipe too\), but fp8_backend is 'auto'"),
     (dict(fp8_backend="torchao", fp8_recipe="auto", fp8_fsdp_all_gather=True),
-     "key 'fp8_fsdp_all_gather' needs fp8_backend torchao with fp8_recipe tensorwise, named"),
+     "key 'fp8_fsdp_all_gather' .true. applies only with fp8_backend: torchao and fp8_recipe: "
+     "tensorwise, but fp8_backend is 'torchao', fp8_recipe is 'auto'"),
 ])
 def test_auto_with_keys_it_cannot_honour_is_one_config_error(keys, says):
-    from fp8train.config.validate import validate
+    from fp8train.config.load import load_config
     with pytest.raises(BadInput, match=says):
-        validate(Config(use_fp8=True, **keys))
+        load_config(["--use_fp8", *(f"--{k}={v}" for k, v in keys.items())])
 
 
 def test_a_candidate_that_fails_is_listed_with_why_and_the_others_still_compete(tmp_path):

@@ -281,18 +281,19 @@ def test_timing_warms_up_drops_the_first_round_and_takes_the_median(monkeypatch)
 def test_config_keys():
     cfg = load_config([])
     assert (cfg.fp8_layers, cfg.fp8_auto_margin, cfg.fp8_min_layer_size) == ("auto", 0.05, 0)
-    assert load_config(["--fp8_layers=min_size", "--fp8_min_layer_size=4096"]).fp8_layers == \
-        "min_size"
+    assert load_config(["--use_fp8", "--fp8_layers=min_size",
+                        "--fp8_min_layer_size=4096"]).fp8_layers == "min_size"
     for argv, key in [(["--fp8_layers=some"], "'fp8_layers'"),
                       (["--fp8_auto_margin=-0.1"], "'fp8_auto_margin'"),
-                      (["--fp8_min_layer_size=4096"], "'fp8_min_layer_size'"),
-                      (["--fp8_layers=all", "--fp8_min_layer_size=1"], "'fp8_min_layer_size'")]:
+                      (["--use_fp8", "--fp8_min_layer_size=4096"], "'fp8_min_layer_size'"),
+                      (["--use_fp8", "--fp8_layers=all", "--fp8_min_layer_size=1"],
+                       "'fp8_min_layer_size'")]:
         with pytest.raises(BadInput) as e:
             load_config(argv)
         assert key in str(e.value) and "\n" not in str(e.value)
     with pytest.raises(BadInput, match="applies only with fp8_layers: min_size, but "
                                           "fp8_layers is 'auto'"):
-        load_config(["--fp8_min_layer_size=4096"])
+        load_config(["--use_fp8", "--fp8_min_layer_size=4096"])
 
 
 def test_timing_copies_convert_everything_and_te_does_not_reduce_amax_over_ranks():

@@ -224,12 +224,40 @@ def test_compare_runs_reports_tokens_and_time_to_the_same_loss_for_fp8_and_its_t
     assert t["time to it FP8 / twin"] == ["0.556×", "–"]
     assert t["FP8 verdict (this run's own)"][0] == "≈1.12× expected (estimate)"
 
-    # A twin without val rows: the rows say why instead of a number.
+    # A twin without val rows: the rows say why instead of a number. The same --out again
+    # keeps the earlier comparison unless --overwrite says to replace it.
     (bf16 / "metrics.jsonl").write_text(json.dumps({"step": 10, "train/loss": 3.0}) + "\n")
-    assert mod.main([str(fp8), str(bf16), "--out", str(tmp_path / "cmp"), "--no_plot"]) == 0
+    before = (tmp_path / "cmp" / "compare.md").read_text()
+    assert mod.main([str(fp8), str(bf16), "--out", str(tmp_path / "cmp"), "--no_plot"]) == 2
+    assert capsys.readouterr().err == (f"error: '{tmp_path / 'cmp'}' holds an earlier comparison "
+                                       "(compare.md); pass --overwrite to replace it, or --out "
+                                       "another folder\n")
+    assert (tmp_path / "cmp" / "compare.md").read_text() == before
+    (tmp_path / "cmp" / "val_loss.png").write_bytes(b"a plot of other runs")
+    assert mod.main([str(fp8), str(bf16), "--out", str(tmp_path / "cmp"), "--no_plot",
+                     "--overwrite"]) == 0
+    assert not (tmp_path / "cmp" / "val_loss.png").exists()
     t = _table(capsys.readouterr().out)
     assert t["time to it FP8 / twin"][0] == "n/a (bf16: no val rows)"
     assert t["tokens/s FP8 / twin"][0] == "1.170×"
+
+
+def test_compare_runs_writes_under_runs_by_default(tmp_path, monkeypatch, capsys):
+    """Without --out the comparison goes to runs/compare (ignored by git, beside the runs),
+    not into the current folder."""
+    runs = [_run_dir(tmp_path / name, fp8, 1000.0, [(100, 3.0, 50.0)])
+            for name, fp8 in (("a", True), ("b", False))]
+    summary = json.loads((runs[0] / "summary.json").read_text())
+    summary["hellaswag"] = dict(acc=0.28, acc_norm=0.295, acc_norm_by="token", examples=10042,
+                                step=400)
+    (runs[0] / "summary.json").write_text(json.dumps(summary))
+    monkeypatch.chdir(tmp_path)
+    assert _compare_module().main([str(r) for r in runs]) == 0
+    t = _table(capsys.readouterr().out)
+    assert t["HellaSwag acc / acc_norm"] == ["0.2800 / 0.2950 (10,042 examples, step 400)", "–"]
+    assert (tmp_path / "runs" / "compare" / "compare.md").is_file()
+    assert (tmp_path / "runs" / "compare" / "val_loss.png").is_file()
+    assert not (tmp_path / "compare").exists()
 
 
 def test_each_fp8_run_finds_the_twin_that_differs_only_in_precision_keys():

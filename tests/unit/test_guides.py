@@ -5,6 +5,8 @@ start processes: tests/e2e/test_guides.py."""
 import re
 from pathlib import Path
 
+import pytest
+
 from support.guides_shared import BLOCK, doc_files
 from support.runs import ROOT
 
@@ -126,3 +128,62 @@ def test_readme_quick_start_is_two_commands_that_ci_runs():
 def test_readme_is_a_front_door():
     lines = (ROOT / "README.md").read_text(encoding="utf-8").splitlines()
     assert len(lines) <= 300, f"README.md has {len(lines)} lines: move the depth to docs/"
+
+
+def test_every_python_block_is_one_the_suite_runs():
+    """tests/e2e/test_guides.py runs every ```python block; a block fenced ```py or ```python3
+    would escape it."""
+    from support.guides_shared import PYTHON
+    found = 0
+    for path in doc_files():
+        text = path.read_text(encoding="utf-8")
+        fences = re.findall(r"^```(py\w*)", text, re.M)
+        assert set(fences) <= {"python"}, (_rel(path), fences)
+        found += len(PYTHON.findall(text))
+    assert found >= 1
+
+
+OUTPUT_OPTIONS = ("--out", "--json", "--output_dir", "--output-dir")
+
+
+def _paths_the_guides_create() -> dict:
+    """Relative paths the guides' commands write, with the guide that names each: a file in
+    each folder given to --out, --output_dir and export_hf.py's OUT_DIR, and the file given to
+    --json."""
+    import shlex
+    found = {}
+
+    def add(target, option, guide):
+        if not target.startswith(("/", "$", "<", "~", "-", "{")) and "$" not in target:
+            found[target if option == "--json" else f"{target}/x"] = guide
+    for path in doc_files():
+        for block in re.findall(r"^```bash[^\n]*\n(.*?)^```", path.read_text(encoding="utf-8"),
+                                re.S | re.M):
+            for line in block.replace("\\\n", " ").splitlines():
+                try:
+                    words = shlex.split(line, comments=True)
+                except ValueError:
+                    continue
+                for i, word in enumerate(words):
+                    option, _, value = word.partition("=")
+                    if value and option in OUTPUT_OPTIONS:
+                        add(value, option, _rel(path))
+                    elif word in OUTPUT_OPTIONS and i + 1 < len(words):
+                        add(words[i + 1], word, _rel(path))
+                    elif word.endswith("export_hf.py") and i + 2 < len(words):
+                        add(words[i + 2], "OUT_DIR", _rel(path))
+    return found
+
+
+def test_what_the_guides_tell_you_to_create_is_ignored_by_git():
+    """Exports (hf/), comparisons, benchmarks and runs written inside the checkout never show
+    up as changes to commit."""
+    import subprocess
+    if not (ROOT / ".git").exists():
+        pytest.skip("not a git checkout")
+    created = _paths_the_guides_create()
+    assert {"hf/test_fp8/x", "bench/x", "gpu.json"} <= set(created), created
+    r = subprocess.run(["git", "check-ignore", "--no-index", "--stdin"], cwd=ROOT, text=True,
+                       input="\n".join(created), capture_output=True)
+    ignored = set(r.stdout.split())
+    assert not set(created) - ignored, {p: created[p] for p in set(created) - ignored}

@@ -4,8 +4,11 @@ lines, and ... The whole story, and the tests that start processes: tests/e2e/te
 
 
 import ast
+import re
 import sys
 from pathlib import Path
+
+import pytest
 
 from support.runs import ROOT
 
@@ -98,3 +101,40 @@ def test_no_module_is_over_450_lines():
     long = {str(p.relative_to(ROOT)): n for p in PACKAGE.rglob("*.py")
             if (n := len(p.read_text(encoding="utf-8").splitlines())) > MAX_LINES}
     assert long == {}
+
+
+# Import names of the distributions pyproject.toml names, where they differ.
+IMPORT_NAMES = {"pyyaml": "yaml", "transformer-engine": "transformer_engine"}
+# Imported, not declared: what a declared dependency installs itself.
+VIA = {"huggingface_hub": "transformers", "tokenizers": "transformers", "pyarrow": "datasets"}
+# Imported only where installed (each import guarded, the feature said to need it).
+OPTIONAL = {"transformer_engine": "te", "torchao": "torchao", "tiktoken": "gpt2 speed-up"}
+
+
+def _requirement_names(entries) -> set:
+    return {IMPORT_NAMES.get(n, n) for n in
+            (re.split(r"[<>=\[; ]", e.strip())[0].lower() for e in entries)}
+
+
+def test_everything_the_package_and_scripts_import_is_installed_by_pip_install():
+    """`pip install -e .` (the quick start's install) brings every library fp8train and its
+    scripts import, plotting included: plots are a core output (scripts/plot_run.py,
+    compare_runs.py). Only the FP8 backends' own libraries are extras."""
+    tomllib = pytest.importorskip("tomllib")     # Python 3.11+
+    project = tomllib.loads((ROOT / "pyproject.toml").read_text(encoding="utf-8"))["project"]
+    default = _requirement_names(project["dependencies"])
+    assert "matplotlib" in default
+    files = [*PACKAGE.rglob("*.py"), *(ROOT / "scripts").glob("*.py"), ROOT / "train_fp8.py",
+             ROOT / "run_sweep.py"]
+    missing = {}
+    for path in files:
+        for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"))):
+            names = [a.name for a in node.names] if isinstance(node, ast.Import) else \
+                [node.module] if isinstance(node, ast.ImportFrom) and not node.level else []
+            for name in names:
+                top = name.split(".")[0]
+                if top in sys.stdlib_module_names or top in ("fp8train", "__future__"):
+                    continue
+                if top not in default and VIA.get(top) not in default and top not in OPTIONAL:
+                    missing.setdefault(top, str(path.relative_to(ROOT)))
+    assert missing == {}, f"imported but not installed by `pip install -e .`: {missing}"

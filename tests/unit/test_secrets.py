@@ -72,7 +72,7 @@ def test_config_yaml_redacts_values_yaml_would_quote(monkeypatch, fresh_secrets,
     token = 'tok"en: #with \\ yaml-special ' + stdlib_secrets.token_hex(8)
     monkeypatch.setenv("MY_SERVICE_TOKEN", token)
     cfg = load_config(["--config=configs/test_fp8.yaml", f"--output_dir={tmp_path}",
-                       "--wandb_run_name=placeholder"])
+                       "--use_wandb", "--wandb_run_name=placeholder"])
     cfg = dataclasses.replace(cfg, wandb_run_name=f"run {token}", wandb_tags=["ci", token])
     text = dump_yaml(cfg, {"note": f"long text that YAML folds at eighty columns {token} " * 3})
     assert token not in text and "\\" not in text

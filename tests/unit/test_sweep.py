@@ -62,8 +62,8 @@ BAD = {
                             "'learning_rate' must be a number > 0.0"),
     "value_invalid_with_base_config": (
         sweep_cfg({"penalty_weight": {"values": [0.0, 0.1]}}),
-        "parameters.penalty_weight: value 0.1 is not valid: key 'penalty_weight' is 0.1 but "
-        "penalty_type is 'none'"),
+        "parameters.penalty_weight: value 0.1 is not valid: key 'penalty_weight' (0.1) applies "
+        "only with penalty_type: z_loss or logit_l2, but penalty_type is 'none'"),
     "bad_choice": (sweep_cfg({"fp8_backend": {"values": ["te", "cuda"]}}),
                    "parameters.fp8_backend: value cuda is not valid: key 'fp8_backend' must be "
                    "one of te, torchao, native"),
