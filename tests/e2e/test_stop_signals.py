@@ -13,7 +13,7 @@ import threading
 import time
 
 import pytest
-from support.runs import DATA_DIR, ROOT, entry_script, run_train, tiny_args
+from support.runs import DATA_DIR, ROOT, entry_script, run_train, tiny_args, untimed
 
 # Long enough to be signalled mid-run; lr_decay_steps fixes the schedule so that a stopped and
 # resumed run trains exactly like an uninterrupted one.
@@ -128,9 +128,7 @@ def straight(tmp_path_factory):
 
 def logged(out, key):
     """The rows with `key`, timings left out (they differ from run to run)."""
-    timing = ("per_sec", "time", "data_wait", "mfu")
-    return [{k: v for k, v in x.items() if not any(t in k for t in timing)}
-            for x in rows(out) if key in x]
+    return [untimed(x) for x in rows(out) if key in x]
 
 
 def faulty(out, faults, **overrides):

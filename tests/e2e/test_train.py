@@ -9,7 +9,7 @@ import numpy as np
 import pytest
 import yaml
 from safetensors.torch import load_file
-from support.runs import DATA_DIR, ROOT, run_train, tiny_args
+from support.runs import DATA_DIR, ROOT, run_train, tiny_args, untimed
 
 CONTRACT_TRAIN_KEYS = {"step", "tokens", "train/loss", "train/lr", "train/grad_norm",
                        "train/tokens_per_sec"}
@@ -111,9 +111,7 @@ def test_resume_is_bit_exact(tmp_path):
         assert (pa[k] == pb[k]).all(), k
     # Evaluations match exactly; so do train rows whose averaging window (the steps since the
     # previous log line) is the same in both runs: not step 8, whose window the stop cut.
-    timing = ("per_sec", "time", "data_wait")
-    pick = lambda rs, key, steps: [{k: v for k, v in x.items() if not any(t in k for t in timing)}
-                                   for x in rs if key in x and x["step"] in steps]
+    pick = lambda rs, key, steps: [untimed(x) for x in rs if key in x and x["step"] in steps]
     assert pick(rows(a), "val/loss", {6, 12}) == pick(rows(b), "val/loss", {6, 12})
     assert pick(rows(a), "train/loss", {4, 12}) == pick(rows(b), "train/loss", {4, 12})
     assert len(pick(rows(a), "train/loss", {4, 12})) == 2

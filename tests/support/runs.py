@@ -53,6 +53,15 @@ def entry_script(env) -> str:
     return "tests/support/train_with_faults.py" if env.get("FP8TRAIN_FAULTS") else "train_fp8.py"
 
 
+# Parts of metric names that time the run: two runs of the same training differ in them only.
+TIMINGS = ("per_sec", "time", "data_wait", "mfu", "_ms")
+
+
+def untimed(row: dict) -> dict:
+    """A metrics row without its timings, for comparing two runs' rows exactly."""
+    return {k: v for k, v in row.items() if not any(t in k for t in TIMINGS)}
+
+
 def tiny_args(output_dir, **overrides):
     """A seconds-long run: the demo config shrunk further, in fp32 unless FP8 is asked for
     (use_fp8=true) so that tests of the loop itself compare exact numbers, with AdamW and the
