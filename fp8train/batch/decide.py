@@ -30,7 +30,7 @@ class RunLength:
     steps_per_epoch: int
     warmup_steps: int       # the warmup the schedule uses: the config's, or shortened
     warmup_note: str = ""   # why it was shortened (a warning), or ""
-    fp8_until_note: str = ""  # fp8_until at or past the last step, set before the length
+    fp8_until_note: str = ""  # fp8_until at or past the last step, or an old run's 1 (a warning)
 
 
 # A warmup not shorter than its schedule becomes this fraction of it: a short run of a longer
@@ -63,15 +63,20 @@ def run_length(cfg: Config, train_tokens: int, plan: BatchPlan) -> RunLength:
                 f"than {what} {lr_steps} steps: warming up for {warmup} steps instead "
                 f"({SHORTENED_WARMUP:.0%} of the schedule)")
     return RunLength(total, lr_steps, steps_per_epoch, warmup, note,
-                     _fp8_until_past_the_end(cfg, total, lr_steps, steps_per_epoch))
+                     _fp8_until_note(cfg, total, lr_steps, steps_per_epoch))
 
 
-def _fp8_until_past_the_end(cfg: Config, total: int, lr_steps: int, per_epoch: int) -> str:
+def _fp8_until_note(cfg: Config, total: int, lr_steps: int, per_epoch: int) -> str:
     """fp8_until's hand-over at or after the run's last step would leave FP8 on to the end:
     refused when fp8_until was set with the run's length or after it (config/validate.py
     refuses what the config alone shows; a length from num_epochs is known only now), a
-    warning when the length was set later (a short run of a config with a cool-down)."""
+    warning when the length was set later (a short run of a config with a cool-down). Also the
+    warning for `fp8_until: 1` in a run's own config.yaml, kept as the step it meant then."""
     step = fp8_until_step(cfg.fp8_until, lr_steps) if cfg.use_fp8 else None
+    if step == 1 and cfg.fp8_until == 1:   # only from a run's own config.yaml: validate.py
+        return ("key 'fp8_until' is 1 in the run's own config.yaml, written by an fp8train that "
+                "read it as step 1: kept, so FP8 runs for the first step only, then the base "
+                "precision; remove the line for FP8 to the end")
     if step is None or step < total:
         return ""
     lengths = [k for k in ("num_epochs", "max_steps", "lr_decay_steps")

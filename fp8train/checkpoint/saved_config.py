@@ -8,6 +8,7 @@ import hashlib
 import json
 import os
 
+from ..config.requires import inert_keys
 from ..config.schema import RESUME_FREE
 from ..config.yaml_files import upgrade_saved
 from .files import CONFIG_NAME
@@ -22,8 +23,9 @@ def config_hash(values: dict) -> str:
 
 def changed_on_resume(checkpoint: str, current: dict, derived: dict | None = None) -> list[str]:
     """'key old -> new' for every key that differs from the config stored in `checkpoint` and
-    changes training (not in config.RESUME_FREE), and for each entry of `derived` (the training
-    data's size, the effective batch) that differs from the checkpoint's derived values."""
+    changes training (not in config.RESUME_FREE, nor inert in both configs: config/requires.py),
+    and for each entry of `derived` (the training data's size, the effective batch) that
+    differs from the checkpoint's derived values."""
     import yaml
     path = os.path.join(checkpoint, CONFIG_NAME)
     if not os.path.isfile(path):
@@ -31,8 +33,10 @@ def changed_on_resume(checkpoint: str, current: dict, derived: dict | None = Non
     with open(path, encoding="utf-8") as fh:
         saved = upgrade_saved(yaml.safe_load(fh) or {})
     before = saved.pop("derived", None) or {}
+    # A key inert in both runs (an FP8 recipe with FP8 off in both) changes nothing.
+    inert = inert_keys(saved) & inert_keys(current)
     changes = [f"{k} {saved[k]!r} -> {v!r}" for k, v in current.items()
-               if k in saved and k not in RESUME_FREE and saved[k] != v]
+               if k in saved and k not in RESUME_FREE and k not in inert and saved[k] != v]
     for k, v in (derived or {}).items():
         if k in before and before[k] != v:
             old, new = (_brief(before[k]), _brief(v)) if k == "data" else (before[k], v)

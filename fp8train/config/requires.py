@@ -6,7 +6,9 @@ A key that applies only with another's value (`fp8_check_interval` with `use_fp8
 otherwise would be silently inert: the run is refused instead, in one line naming both keys
 and where they were set. Unless the other key was set *later*: a config file's FP8 keys under
 `--no_fp8` on the command line, or a sweep's `--optimizer=adamw` over a Muon config, are a
-deliberate switch, not a contradiction. A run's own config.yaml (fed back with `--config`)
+deliberate switch, not a contradiction. Two options of one command line are set in the same
+place: a sweep's parameters check their combinations when the sweep is read
+(sweep/spec.py), so that no trial is refused once the sweep runs. A run's own config.yaml (fed back with `--config`)
 counts as defaults here: its values were resolved by the run that accepted them.
 
 A key is "given a value of its own" when its value is not its default (`in_effect`). Whole
@@ -21,6 +23,7 @@ Standard library only (the schema), like the rest of the config package.
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from types import SimpleNamespace
 from typing import Callable
 
 from .schema import DELAYED_SCALING_KEYS, FP8_RECIPES, KEYS, Config, default_of
@@ -76,7 +79,9 @@ RULES = (
          lambda c: c.fp8_backend != "auto", "a named fp8_backend (auto chooses the recipe too)",
          off={"fp8_backend": "auto"}, when={"fp8_backend": "native"},
          in_effect={"fp8_recipe": lambda c: c.fp8_recipe != _default_recipe(c)}),
-    Rule(DELAYED_SCALING_KEYS, ("fp8_recipe",),
+    # The recipe's default follows the backend (torchao's is tensorwise): a backend switched
+    # later switches the recipe with it.
+    Rule(DELAYED_SCALING_KEYS, ("fp8_backend", "fp8_recipe"),
          lambda c: c.fp8_recipe in ("delayed", "auto"),
          "delayed scaling (fp8_recipe: delayed, or auto, which times it)",
          off={"fp8_recipe": "current"}, when={"fp8_recipe": "delayed"}),
@@ -138,6 +143,16 @@ def in_effect(cfg: Config, rule: Rule, key: str) -> bool:
     if test is not None:
         return test(cfg)
     return getattr(cfg, key) != default_of(KEYS[key])
+
+
+def inert_keys(values: dict) -> set:
+    """The keys whose rules do not hold for `values` (a config as a {key: value} mapping, e.g.
+    a saved config.yaml; missing keys at their defaults): whatever their values, they change
+    nothing in that run."""
+    known = {k: default_of(f) for k, f in KEYS.items()}
+    known.update((k, v) for k, v in values.items() if k in KEYS)
+    cfg = SimpleNamespace(**known)
+    return {k for rule in RULES if not rule.holds(cfg) for k in rule.keys}
 
 
 def rules_of(key: str) -> list:

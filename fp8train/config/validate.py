@@ -72,6 +72,8 @@ def _check_fp8_until(cfg: Config, err) -> None:
     until = cfg.fp8_until
     if until is None:
         return
+    if until == 1 and origin_layer(cfg, "fp8_until") == 0:
+        return   # a run's own config.yaml, written when 1 meant step 1: kept (batch/decide.py)
     if until == 1:
         err("key 'fp8_until' is 1, which would read as step 1: FP8 for one step, then the "
             "base precision for the whole run; for FP8 to the end remove fp8_until, for a "

@@ -6,8 +6,9 @@ harness and llm.c name them:
 - `acc`: the lowest sum of the ending's token losses (the highest log-probability of the
   ending as a whole);
 - `acc_norm`: the lowest mean loss per token of the ending (normalised per token, as llm.c's
-  dev/data/hellaswag.py and nanochat do; lm-evaluation-harness normalises per byte instead,
-  which for the byte tokenizer is the same thing).
+  dev/data/hellaswag.py and nanochat do; lm-evaluation-harness's acc_norm divides by the
+  ending's length in characters, and its acc_bytes by its length in bytes: for the byte
+  tokenizer on ASCII text, nearly all of HellaSwag's, the three agree).
 They are logged as `hellaswag/acc` and `hellaswag/acc_norm`, and `val/hellaswag_acc`, the name
 earlier versions gave acc_norm, is kept beside them. The context is encoded alone and each
 ending as " " + ending, so that the tokens of the ending are those a reader's text would have;

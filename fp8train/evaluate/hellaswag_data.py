@@ -4,8 +4,9 @@ before data, model and batch probe are built, and scripts/evaluate.py before its
 Three sources, all readable offline:
 - the original jsonl of github.com/rowanz/hellaswag (hellaswag_val.jsonl: one JSON object per
   line with ctx, endings, label as an integer);
-- the hub's parquet files (Rowan/hellaswag's data/validation-00000-of-00001.parquet, labels as
-  strings), a file or a folder holding them (a copy of the dataset's repository);
+- the hub's parquet files (Rowan/hellaswag's data/validation-00000-of-00001.parquet, or
+  default/validation/0000.parquet of the hub's parquet conversion; labels as strings), a file
+  or a folder holding them (a copy of the dataset's repository);
 - without a path, the hub's Rowan/hellaswag through `datasets`, which reads its local cache
   (HF_HOME, HF_DATASETS_CACHE: a copy of another machine's cache works) when offline mode is set
   (FP8TRAIN_OFFLINE=1, HF_HUB_OFFLINE=1, ...) or the hub does not answer, without retrying.
@@ -65,12 +66,16 @@ def _cache_key(path, limit):
 
 def _read_path(path: str):
     if os.path.isdir(path):
+        # The repository's data/validation-00000-of-00001.parquet, or the hub's converted
+        # layout (its parquet branch): default/validation/0000.parquet.
         found = sorted(os.path.join(d, f) for d, _, files in os.walk(path) for f in files
-                       if f.startswith("validation") and f.endswith(".parquet"))
+                       if f.endswith(".parquet") and (f.startswith("validation") or
+                                                      os.path.basename(d) == "validation"))
         if not found:
-            raise BadInput(f"'{path}': a folder without the hub's validation*.parquet (Rowan/"
-                           "hellaswag's data/validation-00000-of-00001.parquet); give that file, "
-                           "the folder holding it, or hellaswag_val.jsonl")
+            raise BadInput(f"'{path}': a folder without the hub's validation parquet (Rowan/"
+                           "hellaswag's data/validation-00000-of-00001.parquet, or "
+                           "default/validation/0000.parquet of its parquet conversion); give "
+                           "that file, the folder holding it, or hellaswag_val.jsonl")
         return (row for f in found for row in _read_parquet(f))
     if not os.path.exists(path):
         raise BadInput(f"'{path}' does not exist")

@@ -35,7 +35,7 @@ DISTRIBUTIONS = {
 }
 PARAM_KEYS = ("value", "values", "probabilities", "distribution", "min", "max", "mu", "sigma",
               "q", "a", "b")
-GRID_PRODUCT_CHECK_LIMIT = 1024  # grids up to this size are validated combination by combination
+GRID_PRODUCT_CHECK_LIMIT = 1024  # sweeps of up to this many combinations are checked one by one
 
 
 def is_value(x) -> bool:
@@ -382,16 +382,19 @@ def check_sweep(cfg: dict, source: str) -> None:
                     f"{dists[name]} point"
                 _fail(source, f"parameters.{name}", f"{what} {format_value(v)} is not valid: "
                       f"{strip_source(str(e))}")
-    if method == "grid":
-        names = list(points)
-        total = math.prod(len(points[n]) for n in names)
-        if total <= GRID_PRODUCT_CHECK_LIMIT:
-            for combo in itertools.product(*(points[n] for n in names)):
-                trial = dict(zip(names, combo))
-                try:
-                    check_trial_config(command, program, trial)
-                except BadInput as e:
-                    shown = ", ".join(f"{k}={format_value(v)}" for k, v in trial.items()
-                                      if len(points[k]) > 1)
-                    _fail(source, "parameters", f"combination {shown} is not valid: "
-                          f"{strip_source(str(e))}")
+    # Combinations: a grid's trials, or the points a random or bayes trial may draw (a key that
+    # applies only with another's value, e.g. muon_lr beside optimizer: [adamw, muon], fails
+    # here rather than in the trials that draw it).
+    names = list(points)
+    total = math.prod(len(points[n]) for n in names)
+    if total <= GRID_PRODUCT_CHECK_LIMIT:
+        for combo in itertools.product(*(points[n] for n in names)):
+            trial = dict(zip(names, combo))
+            try:
+                check_trial_config(command, program, trial)
+            except BadInput as e:
+                shown = ", ".join(f"{k}={format_value(v)}" for k, v in trial.items()
+                                  if len(points[k]) > 1)
+                drawn = "" if method == "grid" else " (which a trial may draw)"
+                _fail(source, "parameters", f"combination {shown}{drawn} is not valid: "
+                      f"{strip_source(str(e))}")

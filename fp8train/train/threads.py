@@ -15,24 +15,39 @@ libgomp reads the variable once, when torch loads it, so `apply()` sets it in th
 of the process (and of the processes it starts) before torch is imported: train/cli.py calls it
 first. A choice the user made is kept: OMP_WAIT_POLICY, GOMP_SPINCOUNT or KMP_BLOCKTIME (Intel's
 OpenMP) already set. The thread count stays torch's (OMP_NUM_THREADS, else one per core).
-Standard library only.
+
+Only CPU runs are changed: on a machine with an NVIDIA GPU visible (a /dev/nvidiaN device, and
+CUDA_VISIBLE_DEVICES not empty or -1) the GPU does the training, the host threads feed it, and
+whether sleeping threads would cost a GPU run its launch latency is not measured: libgomp's
+default stays. Standard library only.
 """
 from __future__ import annotations
 
+import glob
 import os
-from typing import MutableMapping, Optional
+from typing import Mapping, MutableMapping, Optional
 
 POLICY = ("OMP_WAIT_POLICY", "passive")
 USER_CHOICES = ("OMP_WAIT_POLICY", "GOMP_SPINCOUNT", "KMP_BLOCKTIME")
 
 
-def apply(environ: Optional[MutableMapping[str, str]] = None) -> str:
-    """Set OpenMP's wait policy in `environ` (os.environ) unless the user chose one; returns
-    what holds, in words, for the log ("OMP_WAIT_POLICY=passive", or the user's setting)."""
+def gpu_visible(environ: Mapping[str, str], dev: str = "/dev") -> bool:
+    """Whether this process would see an NVIDIA GPU, told without importing torch or CUDA."""
+    if environ.get("CUDA_VISIBLE_DEVICES", "x").strip() in ("", "-1"):
+        return False
+    return bool(glob.glob(os.path.join(dev, "nvidia[0-9]*")))
+
+
+def apply(environ: Optional[MutableMapping[str, str]] = None, dev: str = "/dev") -> str:
+    """Set OpenMP's wait policy in `environ` (os.environ) unless the user chose one or a GPU is
+    visible (`gpu_visible`, devices under `dev`); returns what holds, in words, for the log
+    ("OMP_WAIT_POLICY=passive", the user's setting, or "" when nothing was set)."""
     environ = os.environ if environ is None else environ
     chosen = [f"{k}={environ[k]}" for k in USER_CHOICES if environ.get(k, "").strip()]
     if chosen:
         return ", ".join(chosen) + " (yours)"
+    if gpu_visible(environ, dev):
+        return ""
     name, value = POLICY
     environ[name] = value
     return f"{name}={value}"

@@ -28,22 +28,23 @@ def busy_cores():
 
 def demo_step(policy: str) -> dict:
     """The demo's training step timed in a process of its own (support/cpu_threads_workload.py)."""
+    env = {k: v for k, v in os.environ.items() if k != "OMP_NUM_THREADS"}   # torch's own count
     r = subprocess.run([sys.executable, "tests/support/cpu_threads_workload.py", "--policy",
                         policy, "--seconds", "3", "--warmup", "2"],
-                       cwd=ROOT, capture_output=True, text=True, timeout=300)
+                       cwd=ROOT, env=env, capture_output=True, text=True, timeout=300)
     assert r.returncode == 0, r.stderr[-3000:]
     out = json.loads(r.stdout)
     return dict(out, cpu_per_step=out["cpu_s"] / out["steps"])
 
 
-def test_beside_a_busy_process_the_trainers_policy_wastes_no_cpu_and_is_faster():
+def test_beside_a_busy_process_the_trainers_policy_wastes_no_cpu():
     """With every core busy, libgomp's default (threads spin before they sleep) lets a
     preempted thread hold up every parallel region while its sibling burns the core it needs:
     the README demo ran 13 times slower. Measured beside a busy loop per core, the trainer's
     policy takes the CPU time of the work alone per step, where spinning takes 1.6 times that
-    and more (the CPU the competing process loses), and less time per step (by 1.2-1.7 times
-    on 2 cores when this was written; docs/benchmarks.md has the ratios: the wall time varies
-    more with the scheduler than the CPU time does)."""
+    and more (the CPU the competing process loses). The time per step is printed, not asserted:
+    it was 1.2-1.7 times shorter on 2 cores when this was written (docs/benchmarks.md), but it
+    varies with the scheduler and whatever else the machine runs, where the CPU time does not."""
     if (os.cpu_count() or 1) < 2:
         pytest.skip("one core: no thread waits for another")
     with busy_cores():
@@ -55,7 +56,6 @@ def test_beside_a_busy_process_the_trainers_policy_wastes_no_cpu_and_is_faster()
     assert (spinning["wait_policy"], passive["wait_policy"]) == (None, "passive")
     assert spinning["threads"] == passive["threads"] > 1   # the same threads, torch's count
     assert passive["cpu_per_step"] < 0.8 * spinning["cpu_per_step"], (passive, spinning)
-    assert passive["s_per_step"] < spinning["s_per_step"], (passive, spinning)
 
 
 def test_train_fp8_sets_the_policy_before_torch_and_keeps_the_users_own(tmp_path):

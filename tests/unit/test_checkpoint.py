@@ -79,6 +79,25 @@ def test_changed_on_resume_reports_only_keys_that_change_training(tmp_path):
     assert changed_on_resume(str(tmp_path / "elsewhere"), now) == []  # older checkpoints
 
 
+def test_a_key_inert_in_both_runs_is_no_change_on_resume(tmp_path):
+    """A bf16 run saved when fp8_recipe's default was 'auto' resumes under today's default
+    ('delayed' for native): with FP8 off in both, the recipe changes nothing. Turning FP8 on,
+    or the recipe of a run that trains in FP8, is still a change."""
+    import yaml
+
+    from fp8train.checkpoint.files import CONFIG_NAME
+    from fp8train.checkpoint.saved_config import changed_on_resume
+    from fp8train.config import load as C
+    old = C.to_dict(C.load_config(["--max_steps=100", "--no_fp8"]))
+    old["fp8_recipe"] = "auto"
+    (tmp_path / CONFIG_NAME).write_text(yaml.safe_dump(old))
+    now = C.to_dict(C.load_config(["--max_steps=100", "--no_fp8"]))
+    assert now["fp8_recipe"] == "delayed" and changed_on_resume(str(tmp_path), now) == []
+    on = dict(now, use_fp8=True)
+    assert changed_on_resume(str(tmp_path), on) == ["use_fp8 False -> True",
+                                                    "fp8_recipe 'auto' -> 'delayed'"]
+
+
 def test_train_clock_excludes_paused_time():
     import time
 

@@ -323,6 +323,40 @@ def test_every_key_of_the_table_is_refused_where_it_would_do_nothing(tmp_path, r
     typed = typed.removesuffix("\n...")
     with pytest.raises(BadInput, match=f"^--{key}=.*key '{key}'"):
         load_config(["--config", earlier, typed])
+    with pytest.raises(BadInput, match=f"key '{key}'"):   # one command line: one place
+        load_config(["--config", file, typed, *later])
+
+
+def test_a_backend_switched_later_switches_the_delayed_scaling_keys_with_it(tmp_path):
+    """fp8_margin in a TE config under `--fp8_backend=torchao` (whose recipe defaults to
+    tensorwise): a deliberate switch, accepted; the same in one file is refused, naming both
+    keys it depends on."""
+    te = write(tmp_path, _yaml({"use_fp8": True, "fp8_backend": "te", "fp8_margin": 1}))
+    cfg = load_config(["--config", te, "--fp8_backend=torchao"])
+    assert (cfg.fp8_recipe, cfg.fp8_margin) == ("tensorwise", 1)
+    ao = write(tmp_path, _yaml({"use_fp8": True, "fp8_backend": "torchao", "fp8_margin": 1}),
+               "ao.yaml")
+    with pytest.raises(BadInput, match=r"key 'fp8_margin' \(1\) applies only with delayed "
+                                       r"scaling .*fp8_backend is 'torchao', fp8_recipe is "
+                                       r"'tensorwise'"):
+        load_config(["--config", ao])
+
+
+def test_fp8_until_1_in_a_runs_own_config_keeps_its_old_meaning_with_a_warning(tmp_path):
+    """A run's config.yaml written when fp8_until: 1 meant step 1 still loads (as a step, said
+    in a warning at start); typed or in a config file of the user's, 1 is refused."""
+    from fp8train.batch.decide import run_length
+    values = dict(C.to_dict(load_config(["--config", str(ROOT / "configs" / "test_fp8.yaml")])),
+                  fp8_until=1, derived={"world_size": 1})
+    own = write(tmp_path, _yaml(values), "config.yaml")
+    cfg = load_config(["--config", own])
+    assert cfg.fp8_until == 1
+    note = run_length(cfg, 10**6, manual_plan(cfg, 1)).fp8_until_note
+    assert note.startswith("key 'fp8_until' is 1 in the run's own config.yaml") and \
+        "first step only" in note
+    mine = write(tmp_path, _yaml({"use_fp8": True, "fp8_until": 1}), "mine.yaml")
+    with pytest.raises(BadInput, match="key 'fp8_until' is 1, which would read as step 1"):
+        load_config(["--config", mine])
 
 
 def test_the_table_covers_whole_families_and_every_key_documented_as_conditional():

@@ -165,6 +165,10 @@ def test_the_hubs_parquet_reads_as_the_jsonl_does_and_a_bad_one_is_one_line(tmp_
     hub_parquet(repo / "data" / "train-00000-of-00001.parquet", LINES[:1])
     assert load_examples(str(one)) == load_examples(hellaswag_file)
     assert load_examples(str(repo)) == load_examples(hellaswag_file)   # its validation split
+    converted = tmp_path / "converted"     # the hub's parquet conversion of the dataset
+    hub_parquet(converted / "default" / "validation" / "0000.parquet")
+    hub_parquet(converted / "default" / "train" / "0000.parquet", LINES[:1])
+    assert load_examples(str(converted)) == load_examples(hellaswag_file)
     assert len(load_examples(str(one), limit=2)) == 2
     bad = hub_parquet(tmp_path / "bad.parquet",
                       LINES[:2] + [LINES[2].replace('"label": 1', '"label": 9')])

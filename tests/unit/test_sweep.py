@@ -91,6 +91,12 @@ BAD = {
     "grid_combination": (sweep_cfg({"max_steps": {"values": [100, 40]},
                                     "warmup_steps": {"values": [10, 50]}}),
                          "parameters: combination max_steps=40, warmup_steps=50 is not valid"),
+    # A random sweep draws each parameter apart: a combination that fails though each value
+    # passes alone would fail in the trials that draw it; refused when the sweep is read.
+    "random_combination": (sweep_cfg({"max_steps": {"values": [100, 40]},
+                                      "warmup_steps": {"values": [10, 50]}}, method="random"),
+                           "parameters: combination max_steps=40, warmup_steps=50 (which a "
+                           "trial may draw) is not valid"),
     "unknown_macro": (dict(sweep_cfg({"seed": {"values": [1, 2]}}),
                            command=COMMAND + ["${unknown_macro}"]),
                       "command[6]: unknown macro ${unknown_macro} (wandb agent would drop it)"),
