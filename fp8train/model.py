@@ -20,7 +20,7 @@ import torch.nn as nn
 import torch.nn.functional as F
 from torch.utils.checkpoint import checkpoint
 
-from .train.loss import lm_loss
+from .loss import lm_loss
 
 
 @dataclass(frozen=True)

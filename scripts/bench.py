@@ -10,12 +10,12 @@ train_fp8.py on the fixed synthetic stream (`dataset: synthetic`, GPT-2's vocabu
 The micro-batch is probed once per preset (eagerly, in the base precision) and used by every
 configuration of it; each run does --warmup steps, then --steps timed ones. Writes
 OUT/results.json and OUT/results.md and prints the table; exit 1 when a configuration failed or
-was skipped. How it measures: fp8train/observe/bench.py.
+was skipped. How it measures: fp8train/analysis/bench.py.
 """
 import argparse
 import sys
 
-from fp8train.observe.bench import GPU_SUITE, fill_defaults, run_bench
+from fp8train.analysis.bench import GPU_SUITE, fill_defaults, run_bench
 
 
 def parse(argv):

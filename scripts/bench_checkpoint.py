@@ -44,7 +44,7 @@ def build(preset: str, vocab: int):
     from accelerate import Accelerator
 
     from fp8train.model import GPT, model_config_from
-    from fp8train.train.optimizer import build_optimizer
+    from fp8train.optim.optimizer import build_optimizer
     acc = Accelerator(cpu=not torch.cuda.is_available())
     model = GPT(model_config_from(preset, vocab, 1024)).to(acc.device)
     opt = build_optimizer(model, SimpleNamespace(weight_decay=0.1, learning_rate=1e-4,

@@ -10,13 +10,13 @@ otherwise, and an earlier comparison there is kept unless --overwrite) starts wi
 keys that differ between the runs, then each run's end-of-run report (summary.json, else as far
 as its metrics.jsonl goes); each FP8 run is set against its twin without FP8. OUT/val_loss.png
 plots val/loss against wall time (--x wall), training time (--x train) or tokens (--x tokens).
-What each row means: fp8train/observe/compare.py. Exit 0: compared; 2: bad input.
+What each row means: fp8train/analysis/compare.py. Exit 0: compared; 2: bad input.
 """
 import argparse
 import sys
 
 from fp8train.errors import run_reported
-from fp8train.observe.compare import DEFAULT_OUT, X_AXES, compare
+from fp8train.analysis.compare import DEFAULT_OUT, X_AXES, compare
 
 
 def main(argv=None) -> int:

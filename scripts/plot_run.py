@@ -4,13 +4,13 @@
     python scripts/plot_run.py runs/demo              # writes runs/demo/plots/*.png
     python scripts/plot_run.py runs/demo --layers --out /tmp/demo_plots
 
-The figures themselves: fp8train/observe/plot.py. Exit 0: plotted; 2: bad input.
+The figures themselves: fp8train/analysis/plot.py. Exit 0: plotted; 2: bad input.
 """
 import argparse
 import sys
 
 from fp8train.errors import run_reported
-from fp8train.observe.plot import plot_run
+from fp8train.analysis.plot import plot_run
 
 
 def main(argv=None) -> int:

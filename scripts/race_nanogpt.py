@@ -7,7 +7,7 @@ against wall-clock time, and whether the demo is no worse at nanoGPT's finishing
 
 nanoGPT is given by its path and never copied into this project; its shakespeare_char data is
 prepared from our tinyshakespeare.txt (no download). Writes OUT/race.json and OUT/race.md. What
-is measured and how: fp8train/observe/race.py. Exit 0: raced; 2: bad input.
+is measured and how: fp8train/analysis/race.py. Exit 0: raced; 2: bad input.
 """
 import argparse
 import os
@@ -26,7 +26,7 @@ def main(argv=None) -> int:
     a, extra = p.parse_known_args(argv)   # the rest goes to train_fp8.py
 
     def body():
-        from fp8train.observe.race import race
+        from fp8train.analysis.race import race
         corpus = os.path.abspath(os.path.join(a.data_dir, "tinyshakespeare.txt"))
         if not os.path.isfile(corpus):
             raise BadInput(f"--data_dir: no tinyshakespeare.txt in '{a.data_dir}'")

@@ -9,8 +9,8 @@ import argparse
 import sys
 
 from fp8train.errors import run_reported
-from fp8train.observe.plot import lr_schedule_plot
-from fp8train.train.schedule import DECAY_SHAPES, SCHEDULES
+from fp8train.analysis.plot import lr_schedule_plot
+from fp8train.optim.schedule import DECAY_SHAPES, SCHEDULES
 
 
 def main(argv=None) -> int:

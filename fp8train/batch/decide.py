@@ -14,8 +14,8 @@ from ..config.validate import set_with_or_after
 from ..errors import BadInput
 from ..model import GPT
 from ..precision import Precision, build_precision
-from ..train.optimizer import build_optimizer
-from ..train.schedule import fp8_until_step
+from ..optim.optimizer import build_optimizer
+from ..optim.schedule import fp8_until_step
 from .fit import (DoesNotFit, cache_key, cache_path, check_target, choose_speed, discover,
                   make_trial, plan_from_fit)
 from .plan import BatchPlan, manual_plan

@@ -22,7 +22,6 @@ table: speed.py); its table is cached beside the fit.
 """
 from __future__ import annotations
 
-import gc
 import os
 import time
 from dataclasses import dataclass, field
@@ -33,6 +32,7 @@ import torch
 from ..config.schema import Config
 from ..errors import BadInput, is_out_of_memory, one_line
 from ..io import read_entry, write_entry
+from ..memory import release_memory
 from ..compile import compile_model
 from ..ranks import RankFailed, gather
 from .plan import BatchPlan, nearest_valid_targets
@@ -86,16 +86,6 @@ class Probe:
         ok = peak is not None and peak <= self.budget_bytes
         self.trials.append((micro, ok, peak))
         return ok
-
-
-def release_memory(device: Optional[torch.device] = None) -> None:
-    """Free what a trial left behind; with `device`, also start its peak-memory statistics
-    afresh, so that the run's system/gpu_memory_peak_gb describes the run, not the trials."""
-    gc.collect()
-    if torch.cuda.is_available():
-        torch.cuda.empty_cache()
-        if device is not None and device.type == "cuda":
-            torch.cuda.reset_peak_memory_stats(device)
 
 
 # --- one real training step, measured -----------------------------------------------------------
@@ -239,7 +229,7 @@ def cache_key(cfg: Config, model_desc: dict, precision: str, device_desc: str, w
 def cache_path(cfg: Config, run_dir: Optional[str] = None) -> str:
     """batch_probe.json in batch_cache_dir, else in the run's directory (`run_dir`: a sweep
     trial's own; default output_dir)."""
-    return os.path.join(cfg.batch_cache_dir or run_dir or cfg.output_dir, CACHE_FILE)
+    return os.path.join(cfg.cache_dir(run_dir), CACHE_FILE)
 
 
 def read_cache(path: str, key: dict) -> Optional[dict]:

@@ -6,7 +6,7 @@ from typing import Callable, Optional
 
 from .. import ranks
 from ..errors import BadInput
-from ..train.schedule import lr_at
+from ..optim.schedule import lr_at
 from .files import read_manifest
 from .locate import resolve_resume
 from .manager import CheckpointManager

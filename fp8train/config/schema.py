@@ -344,6 +344,12 @@ class Config:
     from_run: bool = field(default=False, repr=False, compare=False,
                            metadata=dict(internal=True))
 
+    def cache_dir(self, run_dir: Optional[str] = None) -> str:
+        """Where start-up's measurements are cached (the batch probe, FP8 layer timings):
+        batch_cache_dir, else the run's directory (`run_dir`: a sweep trial's own; default
+        output_dir)."""
+        return self.batch_cache_dir or run_dir or self.output_dir
+
     def where(self, *keys: str) -> str:
         """Where the values of `keys` came from, for an error about them: the options and files
         that set them (defaults left out), else the config file."""

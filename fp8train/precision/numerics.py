@@ -26,7 +26,7 @@ from typing import Callable, Optional
 import torch
 from torch import nn
 
-from ..batch.fit import release_memory
+from ..memory import release_memory
 from .layers import shape_of
 from .timing import autocast_dtype, fp8_layer
 

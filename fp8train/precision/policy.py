@@ -158,8 +158,7 @@ def report(counts: "OrderedDict[Shape, int]", measured: Measured, margin: float,
 def cache_path(cfg, run_dir: Optional[str] = None) -> str:
     """fp8_layers.json in the batch-probe cache's directory (batch_cache_dir, else the run's
     directory)."""
-    from ..batch.fit import cache_path as batch_cache_path
-    return os.path.join(os.path.dirname(batch_cache_path(cfg, run_dir)), CACHE_FILE)
+    return os.path.join(cfg.cache_dir(run_dir), CACHE_FILE)
 
 
 def cache_key(device: str, backend: str, settings: dict, base: str, versions: dict,

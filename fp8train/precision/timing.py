@@ -28,7 +28,7 @@ from typing import Callable, Optional
 import torch
 from torch import nn
 
-from ..batch.fit import release_memory
+from ..memory import release_memory
 
 Shape = tuple   # (in_features, out_features, bias)
 

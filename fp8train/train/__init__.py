@@ -12,16 +12,10 @@ by cli or preflight, so that a bad config comes back before torch loads).
                  components; returns one `Run`.
 - fp8_check.py   fp8_check_interval: the loss gap between FP8 and the base precision.
 - loop.py        `train()` and the `Trainer`: the step, and the components in order.
-- loss.py        cross-entropy and the optional logit penalties (the model returns it).
-- optimizer.py   AdamW (fused, decay on matrices only), or Muon for the blocks' matrices with
-                 AdamW for the rest; device-side skip of a non-finite step for both.
-- muon.py        Muon's update: same-shape matrices orthogonalised in one batched call, each
-                 data-parallel rank its share, compiled under compile: true.
 - fp8_auto.py    fp8_recipe / fp8_backend auto at start-up: the choice on the model's own
                  activations, and the batch plan probed again for the chosen backend.
-- schedule.py    the learning rate: warmup, then cosine, warmup-stable-decay or linear; batch
-                 scaling.
 - health.py      non-finite steps and loss spikes, counted on the device.
 - recovery.py    rollback after a streak of non-finite steps, with the FP8 remedy.
 - signals.py     stop signals, and the stop every rank agrees on.
+- summary.py     the end-of-run report (summary.json, the closing lines), FP8's verdict in it.
 """

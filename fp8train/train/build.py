@@ -44,12 +44,12 @@ from ..precision import Precision, build_precision
 from .fp8_auto import choose_fp8
 from .fp8_check import LossGapCheck
 from .health import Health
-from .optimizer import build_optimizer, check_distributed
-from .optimizer import describe as describe_optimizer
-from .optimizer import muon_flops_per_step
+from ..optim.optimizer import build_optimizer, check_distributed
+from ..optim.optimizer import describe as describe_optimizer
+from ..optim.optimizer import muon_flops_per_step
 from .recovery import Recovery
-from .schedule import describe as describe_schedule
-from .schedule import fp8_until_step, scaled_lr
+from ..optim.schedule import describe as describe_schedule
+from ..optim.schedule import fp8_until_step, scaled_lr
 from .signals import Stopper, StopRequests
 
 

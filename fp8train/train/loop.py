@@ -12,7 +12,7 @@ import time
 import torch
 
 from ..errors import EXIT_STOPPED, as_reported
-from .schedule import lr_at
+from ..optim.schedule import lr_at
 from .signals import Stopped, StopRequests
 
 
@@ -310,7 +310,7 @@ class Trainer:
         self.log.msg(f"{done} at step {st.step:,} ({st.tokens:,} tokens, "
                      f"{st.train_seconds / 60:.1f} min of training{skipped}{rolled}); "
                      f"checkpoint {p.checkpointer.latest()}")
-        from ..observe import summary
+        from . import summary
         st.wall_seconds = p.wall()
         device = self.acc.device
         peak_mem = torch.cuda.max_memory_allocated(device) / 1e9 \

@@ -110,7 +110,7 @@ def _muon_steps(rank: int, world: int) -> dict:
 
     from fp8train.config.load import Config
     from fp8train.model import GPT, model_config_from
-    from fp8train.train.optimizer import build_optimizer
+    from fp8train.optim.optimizer import build_optimizer
     torch.manual_seed(0)
     model = GPT(model_config_from("tiny-llama", 256, 64, n_layer=3))
     opt = build_optimizer(model, Config(optimizer="muon", learning_rate=3e-3, muon_lr=0.02,
@@ -158,7 +158,7 @@ def test_the_compiled_update_matches_the_eager_one():
 
     from fp8train.config.load import Config
     from fp8train.model import GPT, model_config_from
-    from fp8train.train.optimizer import build_optimizer
+    from fp8train.optim.optimizer import build_optimizer
 
     def run(compiled: bool) -> dict:
         torch.manual_seed(0)

@@ -1,6 +1,6 @@
 """scripts/plot_run.py and scripts/compare_runs.py on real tiny runs (FP8, stopped and resumed;
 fp32) and on broken inputs. The figures are checked by what they show (lines, labels, axis
-ranges), built by the package's own functions (fp8train.observe.plot) before they are saved."""
+ranges), built by the package's own functions (fp8train.analysis.plot) before they are saved."""
 
 
 import json
@@ -103,7 +103,7 @@ def test_torn_last_line_and_resumed_steps(runs, tmp_path):
     for name in ALWAYS:
         png_height(run / "plots" / name)
 
-    from fp8train.observe.metrics_reader import load_rows
+    from fp8train.analysis.metrics_reader import load_rows
     loaded = load_rows(str(run / "metrics.jsonl"))
     assert len(loaded) == len(rows) and [r["step"] for r in loaded] == sorted(
         r["step"] for r in loaded)
@@ -131,7 +131,7 @@ def test_missing_matplotlib_exits_2_with_a_hint(runs):
 
 
 def test_lr_plot_shows_the_whole_schedule_from_step_0_and_marks_the_resume(runs):
-    from fp8train.train.schedule import lr_at
+    from fp8train.optim.schedule import lr_at
     mod, plots = figures(runs["fp8"])
     assert plots.resumes == [1]           # train.log: "resumed from ... at step 1"
     ax = mod.Plots.lr(plots).axes[0]

@@ -117,7 +117,7 @@ def test_choose_speed_under_compile_times_several_sizes_within_a_budget_below_on
     from fp8train.evaluate.trained import autocast
     from fp8train.model import model_config_from
     from fp8train.precision import build_precision
-    from fp8train.train.optimizer import build_optimizer
+    from fp8train.optim.optimizer import build_optimizer
 
     device = torch.device("cuda", 0)
     cfg = Config(model="gpt2-124m", n_layer=4, seq_len=512, compile=True, use_fp8=False,

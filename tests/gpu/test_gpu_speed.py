@@ -94,7 +94,7 @@ def test_muon_on_gpu_is_one_batched_compiled_update_with_few_kernels():
     of the CUDA kernels of a matrix at a time; both step times printed."""
     from fp8train.config.load import Config
     from fp8train.model import GPT, model_config_from
-    from fp8train.train.optimizer import build_optimizer
+    from fp8train.optim.optimizer import build_optimizer
 
     def kernels_and_ms(step):
         step()
@@ -164,7 +164,7 @@ def _muon_on(rank: int, world: int, port: int, out: str) -> None:
 
     from fp8train.config.load import Config
     from fp8train.model import GPT, model_config_from
-    from fp8train.train.optimizer import build_optimizer
+    from fp8train.optim.optimizer import build_optimizer
     torch.cuda.set_device(rank)
     if world > 1:
         os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))

@@ -9,8 +9,8 @@ def figures(run_dir):
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    from fp8train.observe import plot as mod
-    from fp8train.observe.metrics_reader import lr_schedule, read_run_config, resume_steps
+    from fp8train.analysis import plot as mod
+    from fp8train.analysis.metrics_reader import lr_schedule, read_run_config, resume_steps
     return mod, mod.Plots(plt, mod.read_metrics(str(run_dir)), run_dir.name,
                           resumes=resume_steps(str(run_dir)),
                           schedule=lr_schedule(read_run_config(str(run_dir))))

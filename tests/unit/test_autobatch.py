@@ -17,7 +17,7 @@ from fp8train.batch.speed import (StepTimes, Timing, combine_timings, describe_s
                                   time_candidates)
 from fp8train.config.load import Config, load_config
 from fp8train.errors import BadInput, is_out_of_memory
-from fp8train.train.schedule import scaled_lr
+from fp8train.optim.schedule import scaled_lr
 
 
 def oom_above(n, bytes_per_seq=1000):

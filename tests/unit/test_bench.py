@@ -10,10 +10,10 @@ from support.runs import ROOT
 
 
 def _bench():
-    """The command line's parse (scripts/bench.py) and the suite it fills in (fp8train.observe.bench)."""
+    """The command line's parse (scripts/bench.py) and the suite it fills in (fp8train.analysis.bench)."""
     import importlib.util
 
-    from fp8train.observe import bench as suite
+    from fp8train.analysis import bench as suite
     spec = importlib.util.spec_from_file_location("bench", ROOT / "scripts" / "bench.py")
     script = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(script)

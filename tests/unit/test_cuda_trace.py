@@ -30,8 +30,8 @@ from fp8train.precision.ao import TorchAO
 from fp8train.precision.native import Fp8Linear, Fp8State, Native
 from fp8train.precision.plain import BF16
 from fp8train.train.health import Health
-from fp8train.train.loss import lm_loss
-from fp8train.train.optimizer import build_optimizer
+from fp8train.loss import lm_loss
+from fp8train.optim.optimizer import build_optimizer
 
 # torchao asks for the autocast dtype the deprecated way.
 pytestmark = pytest.mark.filterwarnings("ignore:torch.get_autocast_gpu_dtype:DeprecationWarning")

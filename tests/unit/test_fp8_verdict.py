@@ -13,7 +13,7 @@ from support.runs import ROOT
 from fp8train.checkpoint.train_state import TrainState
 from fp8train.config.load import Config
 from fp8train.model import GPT, model_config_from
-from fp8train.observe import summary
+from fp8train.train import summary
 from fp8train.precision import build_precision
 from fp8train.precision.verdict import Fp8Facts, describe, facts_of, verdict
 
@@ -261,7 +261,7 @@ def test_compare_runs_writes_under_runs_by_default(tmp_path, monkeypatch, capsys
 
 
 def test_each_fp8_run_finds_the_twin_that_differs_only_in_precision_keys():
-    from fp8train.observe.compare import twins
+    from fp8train.analysis.compare import twins
     configs = [dict(use_fp8=True, fp8_backend="te", learning_rate=1e-3, output_dir="a"),
                dict(use_fp8=False, fp8_backend="te", learning_rate=2e-3, output_dir="b"),
                dict(use_fp8=False, precision="bf16", learning_rate=1e-3, output_dir="c"),

@@ -1,6 +1,6 @@
 """In-process tests: The package's shape, checked from its source: no import cycle (function-level
-imports included), config depends on nothing of the package but errors, no module over 450
-lines, and ... The whole story, and the tests that start processes: tests/e2e/test_layout.py."""
+imports included), no folder importing a folder above it (LAYERS), config depends on nothing of
+the package but errors, no module over 450 lines, and ... The whole story, and the tests that start processes: tests/e2e/test_layout.py."""
 
 
 import ast
@@ -88,6 +88,56 @@ def test_no_import_cycle_anywhere_in_the_package():
 
 def test_the_cycle_check_finds_a_cycle():
     assert cycles({"a": {"b"}, "b": {"c"}, "c": {"a"}, "d": {"a"}}) == [["a", "b", "c"]]
+
+
+# The package's layers, lowest first: a folder (or a top-level module) imports only from layers
+# below its own, so no folder imports a folder above it and folders cannot form a cycle. A new
+# folder or top-level module joins a layer here.
+LAYERS = (
+    {"errors", "io", "compile", "memory", "loss"},
+    {"config", "ranks"},
+    {"data", "model", "optim", "observe"},
+    {"checkpoint", "precision"},
+    {"batch"},
+    {"evaluate"},
+    {"train"},
+    {"sweep", "diagnose", "analysis"},
+)
+
+
+def unit_of(name: str) -> str:
+    """The folder under fp8train/ a module is in, or the top-level module's own name."""
+    parts = name.split(".")
+    return parts[1] if len(parts) > 1 else ""
+
+
+def upward_arrows(graph: dict, layers=LAYERS) -> list:
+    """Imports from one folder to another in the same layer or a higher one: (from, to)."""
+    layer = {u: i for i, units in enumerate(layers) for u in units}
+    bad = []
+    for name, deps in graph.items():
+        src = unit_of(name)
+        for dep in deps:
+            dst = unit_of(dep)
+            if src and dst and src != dst and layer[dst] >= layer[src]:
+                bad.append((name, dep))
+    return sorted(bad)
+
+
+def test_every_folder_and_top_level_module_has_a_layer():
+    units = {unit_of(n) for n in GRAPH} - {""}
+    assert units <= set().union(*LAYERS), f"add to LAYERS: {units - set().union(*LAYERS)}"
+
+
+def test_no_folder_imports_a_folder_of_its_own_layer_or_above():
+    assert upward_arrows(GRAPH) == []
+
+
+def test_the_layer_check_finds_an_upward_arrow():
+    graph = {"fp8train.model": {"fp8train.train.loop"}, "fp8train.train.loop": {"fp8train.model"},
+             "fp8train.data.a": {"fp8train.observe.b"}}
+    assert upward_arrows(graph) == [("fp8train.data.a", "fp8train.observe.b"),
+                                    ("fp8train.model", "fp8train.train.loop")]
 
 
 def test_config_imports_nothing_of_the_package_but_errors():

@@ -4,7 +4,7 @@ import math
 import pytest
 import torch
 
-from fp8train.train.loss import lm_loss
+from fp8train.loss import lm_loss
 
 
 @pytest.fixture

@@ -102,7 +102,7 @@ def test_last_only_logits_equal_the_last_position_of_the_full_forward():
 def test_given_targets_the_model_returns_the_loss_of_its_logits(penalty):
     """model(x, y) is lm_loss(model(x), y) exactly: the training step and the evaluation take
     their loss from the model, so that torch.compile puts it in the forward's graph."""
-    from fp8train.train.loss import lm_loss
+    from fp8train.loss import lm_loss
     torch.manual_seed(0)
     m = GPT(model_config_from("tiny", 256, 32))
     x, y = torch.randint(0, 256, (2, 32)), torch.randint(0, 256, (2, 32))
@@ -141,5 +141,5 @@ def test_compiled_loss_keeps_no_fp32_logits_for_backward():
         return {dtype for dtype, n in saved if n == batch * seq * vocab}
 
     assert saved_logits(lambda: compiled(x, y)[0]) == {torch.bfloat16}
-    from fp8train.train.loss import lm_loss  # the old way, for contrast: fp32 logits are kept too
+    from fp8train.loss import lm_loss  # the old way, for contrast: fp32 logits are kept too
     assert torch.float32 in saved_logits(lambda: lm_loss(compiled(x).float(), y)[0])

@@ -1,4 +1,4 @@
-"""Muon's update (fp8train/train/muon.py): the batched Newton-Schulz iteration gives each
+"""Muon's update (fp8train/optim/muon.py): the batched Newton-Schulz iteration gives each
 matrix's own result, matrices are bucketed by shape with each rank's share, fused projections
 are orthogonalised as their parts, and one step launches far fewer kernels than a matrix at a
 time. Two ranks against one process, and the compiled update: tests/e2e/test_optimizer.py."""
@@ -8,8 +8,8 @@ from torch.utils._python_dispatch import TorchDispatchMode
 
 from fp8train.config.load import Config
 from fp8train.model import GPT, model_config_from
-from fp8train.train.muon import MuonUpdate, buckets_of, orthogonalise
-from fp8train.train.optimizer import build_optimizer, muon_flops_per_step, muon_parts
+from fp8train.optim.muon import MuonUpdate, buckets_of, orthogonalise
+from fp8train.optim.optimizer import build_optimizer, muon_flops_per_step, muon_parts
 
 
 def test_newton_schulz_leaves_singular_values_near_one():
@@ -143,7 +143,7 @@ def test_one_step_launches_a_few_kernels_per_matrix_and_newton_schulz_once_per_s
 def test_the_iteration_runs_in_bf16_on_a_gpu_and_fp32_on_a_cpu():
     """CPUs without bf16 matrix instructions emulate them (870 ms of a 1.15 s demo step on a
     2-core EPYC): on a CPU Muon orthogonalises in fp32, on a GPU in bf16, as Muon is tuned."""
-    from fp8train.train.muon import ns_dtype_for
+    from fp8train.optim.muon import ns_dtype_for
     assert ns_dtype_for(torch.device("cpu")) == torch.float32
     assert ns_dtype_for(torch.device("cuda")) == torch.bfloat16
     torch.manual_seed(0)

@@ -10,8 +10,8 @@ import torch
 from fp8train.config.load import Config
 from fp8train.errors import BadInput
 from fp8train.model import GPT, model_config_from
-from fp8train.train.muon import NS_STEPS
-from fp8train.train.optimizer import (MuonAdamW, build_optimizer, check_distributed,
+from fp8train.optim.muon import NS_STEPS
+from fp8train.optim.optimizer import (MuonAdamW, build_optimizer, check_distributed,
                                       muon_flops_per_step)
 
 

@@ -1,10 +1,10 @@
-"""The demo-against-nanoGPT race (fp8train/observe/race.py): the lines it reads from each
+"""The demo-against-nanoGPT race (fp8train/analysis/race.py): the lines it reads from each
 tool's output, the point it compares at, the report, and a folder that is not nanoGPT.
 (The race itself runs nanoGPT, which is never part of this project: docs/benchmarks.md.)"""
 import pytest
 
 from fp8train.errors import BadInput
-from fp8train.observe.race import NANOGPT_EVAL, OURS_EVAL, at_time, prepare_nanogpt, report
+from fp8train.analysis.race import NANOGPT_EVAL, OURS_EVAL, at_time, prepare_nanogpt, report
 
 
 def test_the_evaluation_lines_of_both_tools_are_read():

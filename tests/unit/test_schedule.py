@@ -3,7 +3,7 @@ import math
 
 import pytest
 
-from fp8train.train.schedule import describe, lr_at, wsd_decay_steps
+from fp8train.optim.schedule import describe, lr_at, wsd_decay_steps
 
 KW = dict(max_lr=3e-3, warmup_steps=2000, total_steps=20000, min_lr_ratio=0.1)
 
@@ -91,7 +91,7 @@ def test_the_schedule_is_said_in_words():
 def test_a_runs_config_gives_back_the_schedule_it_followed():
     """plot_run.py's LR panel: config.yaml's keys through the trainer's own lr_at; a run from
     before lr_schedule (no such key) followed the cosine."""
-    from fp8train.observe.metrics_reader import lr_schedule
+    from fp8train.analysis.metrics_reader import lr_schedule
     config = dict(learning_rate=1.0, warmup_steps=10, min_lr_ratio=0.1, lr_schedule="wsd",
                   lr_decay_fraction=0.2, lr_decay_shape="1-sqrt",
                   derived=dict(lr_schedule_steps=110, peak_learning_rate=1.0))
@@ -106,7 +106,7 @@ def test_a_runs_config_gives_back_the_schedule_it_followed():
 
 def test_the_plotted_schedule_prints_the_wsd_turning_points(tmp_path, capsys):
     pytest.importorskip("matplotlib")
-    from fp8train.observe.plot import lr_schedule_plot
+    from fp8train.analysis.plot import lr_schedule_plot
     out = tmp_path / "lr.png"
     assert lr_schedule_plot(10, 110, 1.0, 0.1, str(out), "wsd", 0.2, "linear") == 0
     values = dict(line.split() for line in capsys.readouterr().out.splitlines()[1:])
@@ -117,7 +117,7 @@ def test_the_plotted_schedule_prints_the_wsd_turning_points(tmp_path, capsys):
 
 
 def test_fp8_until_is_a_fraction_of_the_schedule_or_a_step():
-    from fp8train.train.schedule import fp8_until_step
+    from fp8train.optim.schedule import fp8_until_step
     assert fp8_until_step(None, 1000) is None
     assert fp8_until_step(0.8, 1000) == 800 and fp8_until_step(0.0001, 1000) == 1
     assert fp8_until_step(750, 1000) == 750 and fp8_until_step(1.0, 1000) == 1

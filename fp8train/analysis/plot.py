@@ -9,7 +9,7 @@ import os
 import re
 
 from ..errors import EXIT_OK, BadInput
-from ..train.schedule import describe, lr_at, wsd_decay_steps
+from ..optim.schedule import describe, lr_at, wsd_decay_steps
 from .metrics_reader import load_rows, lr_schedule, read_run_config, resume_steps
 
 LAYER_SCALE = re.compile(r"^fp8/(.+)/((?:fwd|bwd)_scale_\w+)$")

@@ -100,7 +100,7 @@ def lr_schedule(config: dict):
     computed by the trainer's own schedule; None when config.yaml lacks what it needs. A run
     resumed with another length followed the earlier schedule before its resume: the
     config.yaml of the last start is the one drawn."""
-    from ..train.schedule import lr_at
+    from ..optim.schedule import lr_at
     derived = config.get("derived") if isinstance(config.get("derived"), dict) else {}
     kw = dict(max_lr=derived.get("peak_learning_rate", config.get("learning_rate")),
               warmup_steps=config.get("warmup_steps"),

@@ -3,7 +3,7 @@ and the W&B run's summary. Everything in it is measured by the run itself; a val
 not apply (no GPU: no MFU or memory; no target) is null rather than made up."""
 from __future__ import annotations
 
-from .metrics import mfu
+from ..observe.metrics import mfu
 
 
 def build(facts: dict, st, precision: dict, outcome: dict, fp8=None) -> dict:
