@@ -41,12 +41,14 @@ NO_BACKGROUND = ("FSDP", "DEEPSPEED", "MEGATRON_LM", "XLA")
 class Checkpointer:
     def __init__(self, ck, manager: CheckpointManager, accelerator, log, config_text: str,
                  run_hash: str, resumed: str | None = None, window=find_window, model=None,
-                 optimizer=None):
+                 optimizer=None, components: "dict | None" = None):
         """`ck`: the config's checkpoint section; `resumed`: the checkpoint the run resumed
         from; `window(configured)`: (seconds, where from) of the preemption window (asked once,
         on rank 0); `model`, `optimizer`: as Accelerate prepared them (before torch.compile),
-        what a background save copies."""
+        what a background save copies; `components`: {name: an object with state_dict and
+        load_state_dict} whose states every checkpoint keeps (and `restore` loads)."""
         self.ck, self.manager, self.acc, self.log = ck, manager, accelerator, log
+        self.components = dict(components or {})
         self.model, self.optimizer = model, optimizer
         self.config_text, self.run_hash = config_text, run_hash
         self.background = bool(ck.checkpoint_async)
@@ -93,6 +95,11 @@ class Checkpointer:
     def latest(self):
         return self.manager.latest()
 
+    def restore(self, path: str, st) -> None:
+        """Checkpoint `path` back into the run: model, optimizer, RNG, the counters `st`, and
+        the components' own states."""
+        self.manager.restore(self.acc, path, st, self.components)
+
     def save(self, st, final: bool, wall_seconds: float, in_streak) -> bool:
         """Save the run at st.step; False when it was skipped or failed (and may be). A final
         save (a stop, the end) is always written before it returns; a periodic one with
@@ -116,7 +123,7 @@ class Checkpointer:
             try:
                 job = self.manager.save_in_background(self.acc, st, self.config_text, meta,
                                                       self.copier, t0, self.model,
-                                                      self.optimizer)
+                                                      self.optimizer, self.components)
             except CheckpointWriteError as e:
                 # The copy into host memory (a pinned-memory limit) or the small files failed,
                 # on some rank: this checkpoint is written now, and every later one too.
@@ -127,7 +134,8 @@ class Checkpointer:
                 t0 = time.perf_counter()
         try:
             if not background:
-                path = self.manager.save(self.acc, st, self.config_text, meta, started=t0)
+                path = self.manager.save(self.acc, st, self.config_text, meta, started=t0,
+                                         components=self.components)
         except CheckpointWriteError as e:
             st.checkpoints_written -= 1
             self._failed(e, final)

@@ -25,6 +25,7 @@ import json
 import os
 import shutil
 import time
+from typing import Optional
 
 from ..errors import one_line
 from ..io import atomic_write
@@ -32,7 +33,7 @@ from ..ranks import first_error
 from .background import BackgroundSave
 from .files import (_STEP_DIR, CONFIG_NAME, LATEST, MANIFEST, MANIFEST_FORMAT, TRAIN_STATE,
                     _checksums, _fsync, _fsync_tree, give_normal_mode, step_dir_name)
-from .train_state import TrainState
+from .train_state import COMPONENTS, TrainState
 from .verify import read_train_state
 
 
@@ -102,12 +103,13 @@ class CheckpointManager:
         return gone
 
     def save(self, accelerator, state: TrainState, config_text: str, meta: dict,
-             started: float | None = None) -> str:
+             started: float | None = None, components: Optional[dict] = None) -> str:
         """Checkpoint of step `state.step`, with `state` and the run's resolved config (so that a
         resume can tell what changed), `meta` in the manifest. Collective: every rank calls it
         (each saves its own RNG state). Raises CheckpointWriteError on every rank when any
         rank's write failed; the previous checkpoint is left as it was. `started`: when the save
-        began (time.perf_counter), for the manifest's `save_s`."""
+        began (time.perf_counter), for the manifest's `save_s`. `components`: {name: an object
+        with state_dict}, whose states train_state.json keeps beside the counters."""
         started = time.perf_counter() if started is None else started
         step, main = state.step, accelerator.is_main_process
         final = os.path.join(self.dir, step_dir_name(step))
@@ -117,7 +119,8 @@ class CheckpointManager:
         # as a RuntimeError, safetensors as its own error type).
         if error is None:
             error = first_error(_attempt(
-                lambda: self._write_state(accelerator, tmp, state, config_text), Exception))
+                lambda: self._write_state(accelerator, tmp, state, config_text, components),
+                Exception))
         if error is None:
             error = first_error(_attempt(lambda: self._publish(tmp, final, step, meta, started))
                                 if main else None)
@@ -128,7 +131,8 @@ class CheckpointManager:
         return final
 
     def save_in_background(self, accelerator, state: TrainState, config_text: str, meta: dict,
-                           copier, started: float, model, optimizer) -> "BackgroundSave":
+                           copier, started: float, model, optimizer,
+                           components: Optional[dict] = None) -> "BackgroundSave":
         """The same checkpoint as `save`, written by a background thread of rank 0 while
         training goes on. Here, at the step, every rank writes its small files (RNG states,
         through Accelerate's own function, as of this step) into .tmp-step_N/ and rank 0 the
@@ -147,7 +151,8 @@ class CheckpointManager:
         copies = {}
         if error is None:
             error = first_error(_attempt(lambda: copies.update(self._write_small_state(
-                accelerator, tmp, state, config_text, copier, model, optimizer)), Exception))
+                accelerator, tmp, state, config_text, copier, model, optimizer, components)),
+                Exception))
         if error is not None:
             if main:
                 shutil.rmtree(tmp, ignore_errors=True)
@@ -162,36 +167,45 @@ class CheckpointManager:
         return CheckpointWriteError(f"checkpoint of step {step:,} could not be written to "
                                     f"'{self.dir}' ({error}; {_free_space(self.dir)})")
 
-    def restore(self, accelerator, path: str, state: TrainState) -> None:
+    def restore(self, accelerator, path: str, state: TrainState,
+                components: Optional[dict] = None) -> None:
         """Load checkpoint `path` (verified) into the prepared model and optimizer and every
-        rank's RNG (Accelerate's load_state), and its counters into `state`. BadInput for a
-        checkpoint of another format, before anything is loaded; what load_state raises (a
+        rank's RNG (Accelerate's load_state), its counters into `state`, and each of
+        `components` ({name: an object with load_state_dict}) its own saved state. BadInput for
+        a checkpoint of another format, before anything is loaded; what load_state raises (a
         checkpoint of another model) passes through."""
-        saved = read_train_state(path)
+        saved, states = read_train_state(path)
         accelerator.load_state(path)
         vars(state).update(vars(saved))
+        for name, component in (components or {}).items():
+            component.load_state_dict(states.get(name, {}))
 
     def _clear(self, tmp: str) -> None:
         shutil.rmtree(tmp, ignore_errors=True)
         os.makedirs(self.dir, exist_ok=True)
 
-    def _write_state(self, accelerator, tmp: str, state: TrainState, config_text: str) -> None:
+    def _write_state(self, accelerator, tmp: str, state: TrainState, config_text: str,
+                     components: Optional[dict]) -> None:
         """Phase 1, every rank: Accelerate's files (rank 0: model, optimizer; each rank its RNG
         states), then rank 0 the counters and the config."""
         accelerator.save_state(tmp)
         if accelerator.is_main_process:
-            self._write_counters(tmp, state, config_text)
+            self._write_counters(tmp, state, config_text, components)
 
     @staticmethod
-    def _write_counters(tmp: str, state: TrainState, config_text: str) -> None:
+    def _write_counters(tmp: str, state: TrainState, config_text: str,
+                        components: Optional[dict]) -> None:
+        saved = state.to_dict()
+        if components:
+            saved[COMPONENTS] = {name: c.state_dict() for name, c in components.items()}
         with open(os.path.join(tmp, TRAIN_STATE), "w", encoding="utf-8") as fh:
-            json.dump(state.to_dict(), fh, indent=1, sort_keys=True)
+            json.dump(saved, fh, indent=1, sort_keys=True)
             fh.write("\n")
         with open(os.path.join(tmp, CONFIG_NAME), "w", encoding="utf-8") as fh:
             fh.write(config_text)
 
     def _write_small_state(self, accelerator, tmp: str, state: TrainState, config_text: str,
-                           copier, model, optimizer) -> dict:
+                           copier, model, optimizer, components: Optional[dict]) -> dict:
         """Phase 1, at the step, for a background save: Accelerator.save_state's work split in
         two. Here, what it writes besides the model and optimizer files, with the same function
         (save_accelerator_state given no model and no optimizer: each rank's RNG states as of
@@ -211,7 +225,7 @@ class CheckpointManager:
         acc.project_configuration.iteration += 1   # as save_state counts its saves
         if not acc.is_main_process:
             return {}
-        self._write_counters(tmp, state, config_text)
+        self._write_counters(tmp, state, config_text, components)
         models, optimizers = copier.copy((weights, [optimizer.state_dict()]))
         return dict(models=models, optimizers=optimizers)
 

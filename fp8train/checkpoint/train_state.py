@@ -1,5 +1,7 @@
 """The run's counters: what a checkpoint holds besides the model, optimizer and RNG states, saved
-as train_state.json (plain JSON: nothing in it is ever unpickled)."""
+as train_state.json (plain JSON: nothing in it is ever unpickled), beside the state of the
+components that own some (`components`: {name: component.state_dict()}, e.g. the precision's
+remedies)."""
 from __future__ import annotations
 
 
@@ -13,9 +15,6 @@ class TrainState:
         self.train_seconds = 0.0     # wall time spent training, over all invocations
         self.skipped_steps = 0       # updates skipped for non-finite gradients
         self.rollbacks = 0           # restores of the last checkpoint after max_bad_steps
-        self.fp8_margin_added = 0    # remedies of those rollbacks, re-applied on resume
-        self.fp8_off = False
-        self.fp8_off_reason = ""     # why a remedy switched FP8 off ("": non-finite steps)
         self.fp8_until_tokens = None  # tokens trained when fp8_until switched FP8 off
         # for the end-of-run report (summary.json), carried across resumes
         self.wall_seconds = 0.0      # wall time of every invocation, up to its last checkpoint
@@ -52,6 +51,28 @@ class TrainState:
                 raise ValueError(f"'{key}' is {value!r}")
             setattr(state, key, float(value) if isinstance(default, float) else value)
         return state
+
+
+COMPONENTS = "components"   # train_state.json's key of {name: component.state_dict()}
+
+
+def components_of(saved: dict) -> dict:
+    """{name: state} of the components in a parsed train_state.json. Files written before the
+    components kept their own state held the precision's as counters (fp8_margin_added,
+    fp8_off, fp8_off_reason; the hand-over as fp8_until_tokens): read as its state_dict.
+    ValueError when the section is not a mapping of mappings."""
+    found = saved.get(COMPONENTS)
+    if found is None:
+        legacy = ("fp8_margin_added", "fp8_off", "fp8_off_reason")
+        if not any(k in saved for k in legacy):
+            return {}
+        return {"precision": dict(margin_added=saved.get("fp8_margin_added", 0),
+                                  off=saved.get("fp8_off", False),
+                                  off_reason=saved.get("fp8_off_reason", ""),
+                                  handed_over=saved.get("fp8_until_tokens") is not None)}
+    if not isinstance(found, dict) or not all(isinstance(v, dict) for v in found.values()):
+        raise ValueError(f"'{COMPONENTS}' is {found!r}")
+    return found
 
 
 def _fits(value, default) -> bool:

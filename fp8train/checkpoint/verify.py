@@ -13,18 +13,20 @@ import time
 from ..errors import BadInput, one_line
 from .files import MANIFEST, MANIFEST_FORMAT, TRAIN_STATE, _checksums, _names, read_manifest
 from .safe_load import unsafe_content
-from .train_state import TrainState
+from .train_state import TrainState, components_of
 
 
-def read_train_state(path: str) -> TrainState:
-    """The counters of checkpoint `path`. BadInput, in one line, for a checkpoint this version
-    cannot resume (`resume_refusal`) or an unreadable train_state.json."""
+def read_train_state(path: str) -> "tuple[TrainState, dict]":
+    """The counters of checkpoint `path`, and its components' states ({name: state_dict}).
+    BadInput, in one line, for a checkpoint this version cannot resume (`resume_refusal`) or an
+    unreadable train_state.json."""
     refusal = resume_refusal(path)
     if refusal:
         raise BadInput(f"cannot resume from '{path}': {refusal}")
     try:
         with open(os.path.join(path, TRAIN_STATE), encoding="utf-8") as fh:
-            return TrainState.from_dict(json.load(fh))
+            saved = json.load(fh)
+        return TrainState.from_dict(saved), components_of(saved)
     except (OSError, ValueError) as e:   # json's errors are ValueErrors
         raise BadInput(f"cannot resume from '{path}': {TRAIN_STATE} cannot be read "
                           f"({one_line(e, with_type=True)})") from None

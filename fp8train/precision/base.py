@@ -87,9 +87,14 @@ class Precision:
         what changed, or None when there is nothing to change."""
         return None
 
-    def reapply(self, margin_added: int, fp8_off: bool, handed_over: bool = False) -> None:
-        """On resume: apply the remedies of rollbacks before the checkpoint again, and
-        fp8_until's hand-over to the base precision (`handed_over`)."""
+    def state_dict(self) -> dict:
+        """What a checkpoint keeps of this precision, as JSON: the remedies in effect, FP8
+        switched off and why, fp8_until's hand-over. Empty without FP8."""
+        return {}
+
+    def load_state_dict(self, state: dict) -> None:
+        """On resume (and after a rollback): apply a checkpoint's `state_dict` again. Remedies
+        only add up: a rollback to a checkpoint from before a remedy keeps the remedy."""
 
     def describe(self) -> str:
         return self.name
@@ -315,12 +320,18 @@ class Fp8Backend(Precision):
         why = "" if how == "bf16" else f" ({self.label} has no margin to raise)"
         return f"FP8 switched off{why}: the converted layers compute in {self.base.name} from here"
 
-    def reapply(self, margin_added: int, fp8_off: bool, handed_over: bool = False) -> None:
-        for _ in range(margin_added - self.margin_added):
+    def state_dict(self) -> dict:
+        return {"margin_added": self.margin_added, "off": self.disabled,
+                "off_reason": self.off_reason, "handed_over": self.handed_over}
+
+    def load_state_dict(self, state: dict) -> None:
+        for _ in range(int(state.get("margin_added", 0)) - self.margin_added):
             if self.raise_margin():
                 self.margin_added += 1
-        self.disabled = self.disabled or fp8_off
-        self.handed_over = self.handed_over or handed_over
+        self.disabled = self.disabled or bool(state.get("off", False))
+        self.handed_over = self.handed_over or bool(state.get("handed_over", False))
+        if state.get("off") and state.get("off_reason"):
+            self.off_reason = state["off_reason"]
 
     def high_precision(self):
         """A context in which the converted layers compute like plain Linears (evaluation)."""

@@ -201,7 +201,7 @@ def build(cfg: Config, state, log: Logger, requests: StopRequests) -> Optional[R
     log.attach(tracker)
     checkpointer = Checkpointer(section(cfg, "checkpoint"), manager, acc, log, config_text,
                                 run_hash, resumed=checkpoint, model=net.prepared,
-                                optimizer=net.optimizer)
+                                optimizer=net.optimizer, components={"precision": prec})
     recovery = Recovery(section(cfg, "reliability"), checkpointer, acc, prec, net.health, log)
     parts = Parts(_evaluator(cfg, acc, prec, splits.val, plan.micro, mcfg, log), checkpointer,
                   recovery, Stopper(requests, cfg.max_hours, cfg.log_interval,
@@ -377,24 +377,21 @@ def _net(cfg: Config, mcfg, prec: Precision, acc, batch: BatchDecision, checkpoi
 
 def _restore(acc, manager: CheckpointManager, checkpoint, st: TrainState, prec: Precision,
              feed: Feed, log: Logger) -> None:
-    """Load the checkpoint into the model, optimizer, FP8 state, RNG and `st`; drop the rows
-    logged after it (those steps are re-run)."""
+    """Load the checkpoint into the model, optimizer, RNG, `st` and the precision (its remedies
+    and hand-over); drop the rows logged after it (those steps are re-run)."""
     if checkpoint is None:
         if sum(log.truncate_after(0)):
             log.warn("metrics.jsonl held rows of an earlier run that left no checkpoint; "
                      "they were dropped")
         return
     try:
-        manager.restore(acc, checkpoint, st)
+        manager.restore(acc, checkpoint, st, {"precision": prec})
     except BadInput:
         raise
     except Exception as e:  # torch, safetensors and pickle each raise their own kinds
         from ..errors import one_line
         raise BadInput(f"cannot resume from '{checkpoint}': it does not match this "
                           f"run's model or optimizer ({one_line(e)})") from None
-    prec.reapply(st.fp8_margin_added, st.fp8_off, st.fp8_until_tokens is not None)
-    if st.fp8_off_reason and prec.fp8:
-        prec.off_reason = st.fp8_off_reason
     if st.rollbacks:
         log.msg(f"this run restored a checkpoint {st.rollbacks} time(s) after non-finite "
                 f"steps; precision now: {prec.describe()}")

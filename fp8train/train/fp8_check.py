@@ -85,9 +85,7 @@ class LossGapCheck:
         remedy = self.prec.recover(how)
         self.raised = self.raised or (remedy or "").startswith("fp8_margin")
         if self.prec.disabled:
-            self.prec.off_reason = st.fp8_off_reason = \
-                "for its loss gap (fp8_gap_action: recover)"
-        st.fp8_margin_added, st.fp8_off = self.prec.margin_added, self.prec.disabled
+            self.prec.off_reason = "for its loss gap (fp8_gap_action: recover)"
         self.log.warn(f"{what}; {remedy}")
         row["recovery/fp8_margin"] = self.prec.margin()
         row["recovery/fp8_on"] = int(not self.prec.disabled)

@@ -131,7 +131,7 @@ class Trainer:
         if until is None or st.step < until or not prec.fp8 or prec.disabled:
             return
         what = prec.recover("until")
-        st.fp8_off, st.fp8_until_tokens = True, st.tokens
+        st.fp8_until_tokens = st.tokens
         self.log.msg(f"fp8_until: step {st.step:,} reached after {st.tokens:,} tokens in FP8; "
                      f"{what}")
         self.log.log({"step": st.step, "tokens": st.tokens, "fp8/on": 0})

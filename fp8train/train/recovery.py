@@ -50,12 +50,11 @@ class Recovery:
         keep = dict(skipped_steps=st.skipped_steps, rollbacks=st.rollbacks + 1,
                     data_position=st.data_position)
         detected = st.step
-        self.ckpt.manager.restore(self.acc, found, st)   # model, optimizer, FP8, RNG, counters
+        self.ckpt.restore(found, st)   # model, optimizer, RNG, counters, precision's remedies
         skipped_data = keep["data_position"] - st.data_position
         for k, v in keep.items():        # counted over the whole run, not reset by the restore
             setattr(st, k, v)
         remedy = self.prec.recover(self.rel.fp8_recovery)
-        st.fp8_margin_added, st.fp8_off = self.prec.margin_added, self.prec.disabled
         self.last_remedy = remedy or "skipping the data"
         self.health.reset()
         self.log.truncate_after(st.step)

@@ -213,12 +213,12 @@ def test_train_state_round_trips_through_json_exactly():
 
     from fp8train.checkpoint.train_state import TrainState
     st = TrainState()
-    st.step, st.tokens, st.data_position, st.fp8_off = 7, 7168, 112, True
+    st.step, st.tokens, st.data_position, st.fp8_until_tokens = 7, 7168, 112, 5120
     st.train_seconds, st.best_val_loss, st.best_val_step = 0.1 + 0.2, 3.866330146789551, 6
     back = TrainState.from_dict(json.loads(json.dumps(st.to_dict())))
     assert back.to_dict() == st.to_dict() and back.train_seconds == 0.1 + 0.2
     assert TrainState.from_dict({"step": 3}).to_dict() == {**TrainState().to_dict(), "step": 3}
-    for bad in ({"step": 1.5}, {"step": True}, {"fp8_off": 1}, {"best_val_loss": "x"}, [1]):
+    for bad in ({"step": 1.5}, {"step": True}, {"rollbacks": 1.0}, {"best_val_loss": "x"}, [1]):
         with pytest.raises(ValueError):
             TrainState.from_dict(bad)
 
@@ -250,6 +250,74 @@ def test_save_writes_in_four_phases_and_restore_reads_the_json(tmp_path, monkeyp
     fresh = TrainState()
     m.restore(acc, path, fresh)
     assert acc.loaded == path and fresh.to_dict() == st.to_dict()
+
+
+class _Remedies:
+    """A component with state of its own, as the precision is (its remedies)."""
+
+    def __init__(self, **state):
+        self.state = dict(state)
+
+    def state_dict(self):
+        return dict(self.state)
+
+    def load_state_dict(self, state):
+        self.state = dict(state)
+
+
+def test_components_keep_their_own_state_beside_the_counters(tmp_path):
+    """train_state.json: the counters, and {name: component.state_dict()} under `components`;
+    restore hands each component its own."""
+    import json
+
+    from fp8train.checkpoint.files import TRAIN_STATE
+    from fp8train.checkpoint.train_state import TrainState
+    m = CheckpointManager(str(tmp_path), keep=3)
+    acc, st = _OneProcess(), TrainState()
+    st.step = 4
+    saved = _Remedies(margin_added=1, off=False, off_reason="", handed_over=False)
+    path = m.save(acc, st, "", {}, components={"precision": saved})
+    on_disk = json.loads(open(os.path.join(path, TRAIN_STATE)).read())
+    assert on_disk == {**st.to_dict(), "components": {"precision": saved.state}}
+    back, fresh = _Remedies(), TrainState()
+    m.restore(acc, path, fresh, {"precision": back, "absent": _Remedies(x=1)})
+    assert fresh.step == 4 and back.state == saved.state
+    assert all(k not in st.to_dict() for k in ("fp8_margin_added", "fp8_off"))   # counters only
+
+
+def test_a_checkpoint_of_the_previous_format_resumes_its_precisions_remedies(tmp_path):
+    """train_state.json as fp8train wrote it before the precision kept its own state: its
+    remedies were counters (fp8_margin_added, fp8_off, fp8_off_reason, and fp8_until_tokens
+    for the hand-over). Such a checkpoint resumes, into a real native FP8 precision: the margin
+    raised twice, FP8 off for the reason it gave."""
+    import json
+    from pathlib import Path
+
+    import torch
+
+    from fp8train.model import GPT, model_config_from
+
+    from fp8train.checkpoint.files import TRAIN_STATE
+    from fp8train.checkpoint.train_state import TrainState
+    from fp8train.config.load import Config
+    from fp8train.precision import build_precision
+    m = CheckpointManager(str(tmp_path), keep=3)
+    acc, st = _OneProcess(), TrainState()
+    st.step, st.tokens, st.rollbacks = 9, 9000, 2
+    path = m.save(acc, st, "", {})
+    old = {**st.to_dict(), "fp8_margin_added": 2, "fp8_off": True,
+           "fp8_off_reason": "for its loss gap (fp8_gap_action: recover)",
+           "fp8_until_tokens": None}
+    (Path(path) / TRAIN_STATE).write_text(json.dumps(old, indent=1, sort_keys=True))
+    prec = build_precision(Config(use_fp8=True, fp8_backend="native", fp8_margin=1),
+                           torch.device("cpu"), warn=pytest.fail)
+    prec.convert(GPT(model_config_from("tiny", 256, 64)))   # as a resume converts, then loads
+    fresh = TrainState()
+    m.restore(acc, path, fresh, {"precision": prec})
+    assert (fresh.step, fresh.tokens, fresh.rollbacks) == (9, 9000, 2)
+    assert prec.state_dict() == dict(margin_added=2, off=True, handed_over=False,
+                                     off_reason="for its loss gap (fp8_gap_action: recover)")
+    assert prec.margin() == 3 and "switched off for its loss gap" in prec.derived()["fp8"]
 
 
 def test_restore_refuses_another_format_before_loading_anything(tmp_path):

@@ -118,15 +118,16 @@ def test_a_gap_beyond_the_bound_either_way_for_the_window_is_warned_about_once()
 
 def test_recover_raises_the_margin_then_switches_fp8_off_if_the_gap_stays():
     """fp8_gap_action: recover, fp8_recovery: margin, a window of 2: the first window raises
-    the margin (recorded in the train state for resume), the next switches FP8 off, with its
-    reason in the precision's description; checks then stop being due."""
+    the margin (recorded in the precision's state, which checkpoints keep for resume), the next
+    switches FP8 off, with its reason in the precision's description; checks then stop being
+    due."""
     check, prec, log, st, rows = check_with([0.1] * 4, fp8_gap_action="recover",
                                             fp8_gap_window=2)
     assert [("recovery/fp8_on" in r, r.get("recovery/fp8_on")) for r in rows] == \
         [(False, None), (True, 1), (False, None), (True, 0)]
     assert "fp8_margin 0 -> 1" in log.warnings[0] and "FP8 switched off" in log.warnings[1]
-    assert (st.fp8_margin_added, st.fp8_off) == (1, True)
-    assert st.fp8_off_reason == "for its loss gap (fp8_gap_action: recover)"
+    assert prec.state_dict() == dict(margin_added=1, off=True, handed_over=False,
+                                     off_reason="for its loss gap (fp8_gap_action: recover)")
     assert "switched off for its loss gap" in prec.derived()["fp8"]
     assert not check.due(5)
 

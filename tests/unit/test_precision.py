@@ -328,7 +328,7 @@ def test_te_margin_raised_after_a_rollback_reaches_the_recipe_te_reads():
     assert prec.recover("margin") == "fp8_margin 1 -> 2"
     assert prec.recipe is recipe and recipe.margin == 2
     assert "margin=2" in repr(recipe)     # TE's cached repr (its buffer keys) follows the change
-    prec.reapply(margin_added=3, fp8_off=False)    # a resume after three rollbacks
+    prec.load_state_dict({"margin_added": 3, "off": False})   # a resume after three rollbacks
     assert prec.recipe is recipe and recipe.margin == 4 and "margin=4" in prec.describe()
     with prec.forward_context(training=True):
         pass
@@ -337,7 +337,7 @@ def test_te_margin_raised_after_a_rollback_reaches_the_recipe_te_reads():
 
 def test_te_margin_of_a_resumed_run_is_in_the_recipe_from_the_start():
     prec = te_on_cpu(fp8_margin=0)
-    prec.reapply(margin_added=2, fp8_off=False)    # on resume, before any conversion
+    prec.load_state_dict({"margin_added": 2, "off": False})   # on resume, before conversion
     prec.convert(tiny_model())
     assert prec.recipe.margin == 2 and prec.margin_added == 2
 
@@ -443,7 +443,7 @@ def test_recovery_raises_the_native_margin_or_switches_fp8_off():
     model = prec.convert(model)
     assert prec.recover("margin") == "fp8_margin 1 -> 2"
     assert prec.state.margin == 2 and "margin 2" in prec.describe()
-    prec.reapply(margin_added=3, fp8_off=False)        # a resume after three rollbacks
+    prec.load_state_dict({"margin_added": 3, "off": False})   # a resume after three rollbacks
     assert prec.state.margin == 4 and prec.margin_added == 3
     assert prec.recover("bf16").startswith("FP8 switched off: the converted layers compute in fp32")
     x = torch.randint(0, 256, (2, 64))
