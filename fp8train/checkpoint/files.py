@@ -11,7 +11,7 @@ import os
 import re
 from concurrent.futures import ThreadPoolExecutor
 
-_STEP_DIR = re.compile(r"^step_(\d{7,})$")
+STEP_DIR = re.compile(r"^step_(\d{7,})$")
 LATEST = "latest"
 CONFIG_NAME = "config.yaml"
 MANIFEST = "manifest.json"
@@ -26,7 +26,7 @@ def step_dir_name(step: int) -> str:
 
 def step_of(path: str) -> int:
     """The step of checkpoint directory `path` (…/step_NNNNNNN), the inverse of step_dir_name."""
-    return int(_STEP_DIR.match(os.path.basename(os.path.normpath(path))).group(1))
+    return int(STEP_DIR.match(os.path.basename(os.path.normpath(path))).group(1))
 
 
 def read_manifest(path: str) -> dict:
@@ -39,7 +39,7 @@ def read_manifest(path: str) -> dict:
     return manifest if isinstance(manifest, dict) else {}
 
 
-def _names(path: str) -> list:
+def list_names(path: str) -> list:
     try:
         return os.listdir(path)
     except OSError:
@@ -90,7 +90,7 @@ def directory_bytes(path: str) -> int:
     return total
 
 
-def _checksums(root: str, only: list[str] | None = None) -> dict:
+def checksums(root: str, only: list[str] | None = None) -> dict:
     """{relative path: {size, sha256}} for every file under root (or the listed ones), hashed in
     parallel: hashlib releases the GIL, and checkpoints of 1B+ models are many GB."""
     if only is None:
@@ -108,14 +108,14 @@ def _checksums(root: str, only: list[str] | None = None) -> dict:
         return dict(pool.map(one, only))
 
 
-def _fsync_tree(path: str) -> None:
+def fsync_tree(path: str) -> None:
     for root, _, files in os.walk(path):
         for name in files:
-            _fsync(os.path.join(root, name), strict=True)
-        _fsync(root)
+            fsync_path(os.path.join(root, name), strict=True)
+        fsync_path(root)
 
 
-def _fsync(path: str, strict: bool = False) -> None:
+def fsync_path(path: str, strict: bool = False) -> None:
     """fsync a file, or a directory: that makes a rename inside it durable (on a power cut, not
     only a process crash); a directory that cannot be synced is passed over."""
     try:

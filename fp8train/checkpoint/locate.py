@@ -10,7 +10,7 @@ from __future__ import annotations
 import os
 
 from ..errors import BadInput, close_matches
-from .files import _STEP_DIR, LATEST, MANIFEST, RUN_FILES, TRAIN_STATE, _names
+from .files import STEP_DIR, LATEST, MANIFEST, RUN_FILES, TRAIN_STATE, list_names
 from .manager import CheckpointManager
 from .verify import resume_refusal, verify
 
@@ -73,7 +73,7 @@ def find_checkpoint(path: str, what: str = "", warn=None, info=None,
         if refusal:
             raise BadInput(f"{pre}cannot resume from '{path}': {refusal}")
     problem, note = verify(path, resume=resume)
-    if problem and resume and MANIFEST not in _names(path):
+    if problem and resume and MANIFEST not in list_names(path):
         raise BadInput(f"{pre}cannot resume from '{path}': {problem}")
     if problem:
         raise BadInput(f"{pre}checkpoint '{path}' is unusable: {problem}{hint}")
@@ -84,7 +84,7 @@ def find_checkpoint(path: str, what: str = "", warn=None, info=None,
 def is_checkpoint_dir(path: str) -> bool:
     """model.safetensors (DDP, one process) or pytorch_model_fsdp_0/ (FSDP's sharded state)."""
     return os.path.isdir(path) and any(f.startswith(("model", "pytorch_model"))
-                                       for f in _names(path))
+                                       for f in list_names(path))
 
 
 def path_problem(path: str) -> str | None:
@@ -100,18 +100,18 @@ def path_problem(path: str) -> str | None:
                 f"directory (checkpoints/step_N) or a run directory{mean}")
     looked = os.path.join(path, "checkpoints")
     if _is_run_dir(path):
-        if any(_STEP_DIR.match(n) for n in _names(looked)):
+        if any(STEP_DIR.match(n) for n in list_names(looked)):
             return None
         return (f"run directory '{path}' holds no checkpoint ('{looked}' has no step_N "
                 f"directory){_did_you_mean(path, sibling=True)}")
     if is_checkpoint_dir(path):
         return None
-    steps = sorted(n for n in _names(path) if _STEP_DIR.match(n))
+    steps = sorted(n for n in list_names(path) if STEP_DIR.match(n))
     if steps:
         run = os.path.dirname(os.path.normpath(path)) or "."
         return (f"'{path}' is not a checkpoint directory: it holds checkpoints (did you mean the "
                 f"run directory '{run}', or '{os.path.join(path, steps[-1])}'?)")
-    names = _names(path)
+    names = list_names(path)
     if MANIFEST in names or TRAIN_STATE in names:
         return (f"checkpoint '{path}' has no model state (model.safetensors or "
                 f"pytorch_model_fsdp_0/): it is incomplete")
@@ -131,11 +131,11 @@ def _did_you_mean(path: str, sibling: bool = False) -> str:
     parent = os.path.dirname(path) or "."
     near = []
     if sibling:
-        names = [n for n in _names(parent) if _holds_checkpoints(os.path.join(parent, n))
+        names = [n for n in list_names(parent) if _holds_checkpoints(os.path.join(parent, n))
                  or is_checkpoint_dir(os.path.join(parent, n))]
         near = [os.path.join(parent, n) if parent != "." else n for n in
                 close_matches(os.path.basename(path), names, n=3)]
-    near += [os.path.join(path, n) for n in sorted(_names(path))
+    near += [os.path.join(path, n) for n in sorted(list_names(path))
              if _holds_checkpoints(os.path.join(path, n))][:3]
     return f" (did you mean {' or '.join(repr(n) for n in near[:3])}?)" if near else ""
 
@@ -145,7 +145,7 @@ def _is_run_dir(path: str) -> bool:
 
 
 def _holds_checkpoints(run: str) -> bool:
-    return any(_STEP_DIR.match(n) for n in _names(os.path.join(run, "checkpoints")))
+    return any(STEP_DIR.match(n) for n in list_names(os.path.join(run, "checkpoints")))
 
 
 def _pointer_problem(manager: CheckpointManager) -> str | None:
@@ -157,7 +157,7 @@ def _pointer_problem(manager: CheckpointManager) -> str | None:
     if not os.path.lexists(pointer):
         return None
     name = manager.pointer()
-    if name and _STEP_DIR.match(name) and os.path.isdir(os.path.join(manager.dir, name)):
+    if name and STEP_DIR.match(name) and os.path.isdir(os.path.join(manager.dir, name)):
         return None
     shown = "nothing readable" if not name else f"'{name[:60]}'"
     return f"'{pointer}' names {shown}, which is not a checkpoint there"

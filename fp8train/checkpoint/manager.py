@@ -31,8 +31,8 @@ from ..errors import one_line
 from ..io import atomic_write
 from ..ranks import first_error
 from .background import BackgroundSave
-from .files import (_STEP_DIR, CONFIG_NAME, LATEST, MANIFEST, MANIFEST_FORMAT, TRAIN_STATE,
-                    _checksums, _fsync, _fsync_tree, give_normal_mode, step_dir_name)
+from .files import (STEP_DIR, CONFIG_NAME, LATEST, MANIFEST, MANIFEST_FORMAT, TRAIN_STATE,
+                    checksums, fsync_path, fsync_tree, give_normal_mode, step_dir_name)
 from .train_state import COMPONENTS, TrainState
 from .verify import read_train_state
 
@@ -53,7 +53,7 @@ class CheckpointManager:
             return []
         found = []
         for name in os.listdir(self.dir):
-            m = _STEP_DIR.match(name)
+            m = STEP_DIR.match(name)
             if m and os.path.isdir(os.path.join(self.dir, name)):
                 found.append((int(m.group(1)), os.path.join(self.dir, name)))
         return sorted(found)
@@ -62,7 +62,7 @@ class CheckpointManager:
         """The checkpoint `latest` points at; the newest complete one if the pointer is missing,
         unreadable or points at something that is gone."""
         name = self.pointer()
-        if name and _STEP_DIR.match(name) and os.path.isdir(os.path.join(self.dir, name)):
+        if name and STEP_DIR.match(name) and os.path.isdir(os.path.join(self.dir, name)):
             return os.path.join(self.dir, name)
         done = self.complete()
         return done[-1][1] if done else None
@@ -270,8 +270,8 @@ class CheckpointManager:
         `save_s`: the seconds from the save's start to here, nearly all of its time, so that a
         resumed run knows how long its checkpoint took)."""
         give_normal_mode([tmp])
-        files = _checksums(tmp)
-        _fsync_tree(tmp)
+        files = checksums(tmp)
+        fsync_tree(tmp)
         timing = {} if started is None else \
             dict(save_s=round(time.perf_counter() - started, 3))
         manifest = dict(format=MANIFEST_FORMAT, step=step, **meta, **timing, files=files,
@@ -288,14 +288,14 @@ class CheckpointManager:
             shutil.rmtree(old, ignore_errors=True)
             os.replace(final, old)
         os.replace(tmp, final)
-        _fsync(self.dir)
+        fsync_path(self.dir)
         return old
 
     def _point_latest(self, final: str, old: str | None) -> None:
         """Phase 4: `latest` names the new checkpoint; the one it replaced and those beyond
         keep_checkpoints go."""
         atomic_write(os.path.join(self.dir, LATEST), os.path.basename(final) + "\n", fsync=True)
-        _fsync(self.dir)
+        fsync_path(self.dir)
         if old:
             shutil.rmtree(old, ignore_errors=True)
         self._prune()

@@ -11,7 +11,7 @@ import os
 import time
 
 from ..errors import BadInput, one_line
-from .files import MANIFEST, MANIFEST_FORMAT, TRAIN_STATE, _checksums, _names, read_manifest
+from .files import MANIFEST, MANIFEST_FORMAT, TRAIN_STATE, checksums, list_names, read_manifest
 from .safe_load import unsafe_content
 from .train_state import TrainState, components_of
 
@@ -39,7 +39,7 @@ def resume_refusal(path: str) -> str | None:
     manifest = read_manifest(path)
     found = manifest.get("format")
     if not manifest:
-        names = _names(path)
+        names = list_names(path)
         if TRAIN_STATE in names or not any(n.startswith("custom_checkpoint_") for n in names):
             return None
         found = None
@@ -113,7 +113,7 @@ def _verify(path: str, resume: bool) -> tuple[str | None, str]:
         if size != want["size"]:
             return f"file '{rel}' has {size:,} bytes, the manifest says {want['size']:,}", ""
         total += size
-    actual = _checksums(path, only=list(files))
+    actual = checksums(path, only=list(files))
     for rel, want in files.items():
         if actual[rel]["sha256"] != want["sha256"]:
             return f"file '{rel}' does not match its checksum", ""

@@ -9,7 +9,7 @@ from typing import Any, Optional
 import yaml
 
 from ..errors import BadInput
-from .schema import KEYS, _base_type, _describe, _is_optional
+from .schema import KEYS, base_type, describe_accepted, is_optional
 from .values import unknown_key
 from .yaml_files import yaml_scalar
 
@@ -54,9 +54,9 @@ def parse_cli(argv: list[str]) -> tuple[Optional[str], list[tuple[str, Any, str]
             config_path = value
         elif name in FLAG_ALIASES or (name.startswith("no_") and name[3:] in KEYS):
             key, val = FLAG_ALIASES.get(name, (name[3:], False))
-            if _base_type(KEYS[key]) != "bool":
+            if base_type(KEYS[key]) != "bool":
                 raise BadInput(f"option '--{name}': '{key}' is not a boolean key; use "
-                                  f"--{key}=VALUE ({_describe(KEYS[key])})")
+                                  f"--{key}=VALUE ({describe_accepted(KEYS[key])})")
             if eq:
                 raise BadInput(f"option '--{name}' takes no value; use --{key}=true or "
                                   f"--{key}=false")
@@ -67,10 +67,10 @@ def parse_cli(argv: list[str]) -> tuple[Optional[str], list[tuple[str, Any, str]
             if eq:
                 if value == "":
                     raise BadInput(f"option '--{name}=' has an empty value"
-                                      + (f" (--{name}=null unsets it)" if _is_optional(f)
-                                         else f" ({_describe(f)})"))
+                                      + (f" (--{name}=null unsets it)" if is_optional(f)
+                                         else f" ({describe_accepted(f)})"))
                 overrides.append((name, _cli_value(f, value), f"--{name}={value}"))
-            elif _base_type(f) == "bool":
+            elif base_type(f) == "bool":
                 if takes_next and nxt.lower() in _BOOL_WORDS:
                     overrides.append((name, _BOOL_WORDS[nxt.lower()], f"--{name}={nxt}"))
                     i += 1
@@ -83,7 +83,7 @@ def parse_cli(argv: list[str]) -> tuple[Optional[str], list[tuple[str, Any, str]
             elif name in BARE_FLAG_VALUE:
                 overrides.append((name, BARE_FLAG_VALUE[name], f"--{name}"))
             else:
-                raise BadInput(f"option '--{name}' needs a value ({_describe(f)})")
+                raise BadInput(f"option '--{name}' needs a value ({describe_accepted(f)})")
         else:
             raise unknown_key(name, "the command line", prefix="--")
         i += 1
@@ -102,9 +102,9 @@ def _positional(arg: str, bare: Optional[str]) -> str:
 def _cli_value(f, text: str) -> Any:
     """Command-line values are text; read them as YAML scalars so that '3e-4', 'null', 'true'
     and '[a, b]' mean what they mean in a config file."""
-    if _base_type(f) == "str":
-        return None if text.lower() in ("null", "none") and _is_optional(f) else text
-    if _base_type(f) == "bool" and text.lower() in _BOOL_WORDS:
+    if base_type(f) == "str":
+        return None if text.lower() in ("null", "none") and is_optional(f) else text
+    if base_type(f) == "bool" and text.lower() in _BOOL_WORDS:
         return _BOOL_WORDS[text.lower()]
     try:
         return yaml_scalar(text)

@@ -1,7 +1,7 @@
 """`train_fp8.py --help`, made from the config schema. Standard library only (instant)."""
 from __future__ import annotations
 
-from .schema import GROUPS, _describe, default_of, key_fields
+from .schema import GROUPS, describe_accepted, default_of, key_fields
 
 HELP_WIDTH = 100
 _HELP_TYPES = {"tuple": "[START,END]", "int": "INT", "float": "FLOAT", "bool": "BOOL",
@@ -34,7 +34,7 @@ def help_text() -> str:
             default = default_of(f)
             shown = "null" if default is None else str(default).lower() \
                 if isinstance(default, bool) else default
-            kind = _describe(f, types=_HELP_TYPES, choices="{{{}}}", join="|")
+            kind = describe_accepted(f, types=_HELP_TYPES, choices="{{{}}}", join="|")
             head, tail = f"  --{f.name} {kind}", f"[default: {shown}]"
             out += [f"{head}  {tail}"] if len(head) + 2 + len(tail) <= HELP_WIDTH else \
                 [head, f"      {tail}"]

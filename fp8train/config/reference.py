@@ -11,7 +11,7 @@ only (no torch), like `--help`.
 from __future__ import annotations
 
 from .requires import rules_of
-from .schema import GROUPS, _describe, default_of, key_fields
+from .schema import GROUPS, describe_accepted, default_of, key_fields
 
 COMMAND = "python -m fp8train.config.reference > docs/config.md"
 
@@ -75,7 +75,7 @@ def _yaml_value(value) -> str:
 
 def allowed(f) -> str:
     """The key's type or allowed values, with the bounds validation checks."""
-    return _describe(f, types=_TYPES, choices="{}", choice=_code, join=" \\| ", ge="≥",
+    return describe_accepted(f, types=_TYPES, choices="{}", choice=_code, join=" \\| ", ge="≥",
                      le="≤", bounds_sep=", ", optional=" \\| `null`")
 
 

@@ -385,13 +385,13 @@ def _type_name(f) -> str:
     return t
 
 
-def _base_type(f) -> str:
+def base_type(f) -> str:
     t = _type_name(f)
     m = re.match(r"Optional\[(\w+)\]", t)
     return m.group(1) if m else t
 
 
-def _is_optional(f) -> bool:
+def is_optional(f) -> bool:
     return _type_name(f).startswith("Optional[")
 
 
@@ -417,7 +417,7 @@ TYPE_WORDS = {"tuple": "a pair of step numbers [START, END], 1 <= START <= END",
               "str": "a string", "list": "a list of strings"}
 
 
-def _describe(f, types: dict = TYPE_WORDS, choices: str = "one of {}", choice=str,
+def describe_accepted(f, types: dict = TYPE_WORDS, choices: str = "one of {}", choice=str,
               join: str = ", ", ge: str = ">=", le: str = "<=", bounds_sep: str = " ",
               optional: str = " (or null)") -> str:
     """What a key accepts, in words: its type (or choices), bounds, and null when optional.
@@ -425,11 +425,11 @@ def _describe(f, types: dict = TYPE_WORDS, choices: str = "one of {}", choice=st
     generated reference writes Markdown)."""
     m = f.metadata
     text = choices.format(join.join(choice(c) for c in m["choices"])) if m.get("choices") \
-        else types[_base_type(f)]
+        else types[base_type(f)]
     limits = bounds(f, ge, le)
     if limits:
         text += bounds_sep + " and ".join(limits)
-    if _is_optional(f):
+    if is_optional(f):
         text += optional
     return text
 

@@ -8,21 +8,21 @@ import re
 from typing import Any, Optional
 
 from ..errors import BadInput, did_you_mean
-from .schema import DERIVED_SECTION, KEYS, _base_type, _describe, _is_optional
+from .schema import DERIVED_SECTION, KEYS, base_type, describe_accepted, is_optional
 
 
 def coerce(f, value: Any, source: str) -> Any:
     """Check one value against its key's type and bounds; return it in canonical form."""
-    name, base = f.name, _base_type(f)
+    name, base = f.name, base_type(f)
 
     def bad(why=None):
         got = repr(value) if not isinstance(value, str) else f"'{value}'"
-        raise BadInput(f"{source}: key '{name}' must be {_describe(f)}, got {got}"
+        raise BadInput(f"{source}: key '{name}' must be {describe_accepted(f)}, got {got}"
                           + (f" ({why})" if why else ""))
     m = f.metadata
 
     if value is None:
-        if _is_optional(f):
+        if is_optional(f):
             return None
         bad()
     if base == "bool":
@@ -99,7 +99,7 @@ def apply_mapping(values: dict, data: dict, source: str,
         if not isinstance(key, str) or key not in KEYS:
             raise unknown_key(str(key), source)
         if isinstance(value, dict):
-            raise BadInput(f"{source}: key '{key}' must be {_describe(KEYS[key])}, got a "
+            raise BadInput(f"{source}: key '{key}' must be {describe_accepted(KEYS[key])}, got a "
                               f"mapping (keys are flat: no nesting)")
         values[key] = coerce(KEYS[key], value, source)
         if origins is not None:

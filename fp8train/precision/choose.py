@@ -289,8 +289,8 @@ def choose(cfg, prec, model: nn.Module, saved: Optional[dict], info: Callable[[s
     real measurements (tests; with `timer` a CPU times too)."""
     if not is_auto(cfg) or not prec.fp8:
         return prec
-    from .policy import _device_of, eligible_shapes
-    device = device or _device_of(model)
+    from .policy import device_of, eligible_shapes
+    device = device or device_of(model)
     if saved and saved.get("fp8_backend") in AUTO_RECIPES and saved.get("fp8_recipe"):
         name = f"{saved['fp8_backend']} {saved['fp8_recipe']}"
         info(f"fp8 auto: {name}, as the resumed checkpoint's run chose (nothing timed)")

@@ -238,7 +238,7 @@ def layer_decision(backend, model: nn.Module) -> dict:
     if backend.tokens is None:  # the micro-batch probe's throw-away models
         backend.layer_policy = "auto: not timed (no token count), as all"
         return {}
-    device = _device_of(model)
+    device = device_of(model)
     if backend.timer is None and device.type != "cuda":
         backend.info(CPU_NOTE.format(device=device.type))
         backend.layer_policy = f"auto: as all ({device.type}, FP8 emulated: not timed)"
@@ -263,7 +263,7 @@ def layer_decision(backend, model: nn.Module) -> dict:
     return keep
 
 
-def _device_of(model: nn.Module) -> torch.device:
+def device_of(model: nn.Module) -> torch.device:
     p = next(model.parameters(), None)
     return p.device if p is not None else torch.device("cpu")
 

@@ -194,9 +194,9 @@ def test_resume_without_the_fp8_state_would_differ(tmp_path):
         # A deliberate edit: record it in the manifest, or the resume would (rightly) refuse it.
         import json
 
-        from fp8train.checkpoint.files import MANIFEST, _checksums
+        from fp8train.checkpoint.files import MANIFEST, checksums
         manifest = json.loads((ckpt / MANIFEST).read_text())
-        manifest["files"] = _checksums(str(ckpt), only=list(manifest["files"]))
+        manifest["files"] = checksums(str(ckpt), only=list(manifest["files"]))
         (ckpt / MANIFEST).write_text(json.dumps(manifest))
 
     straight, split = stop_and_resume(tmp_path, between=reset_fp8_state)

@@ -118,14 +118,14 @@ def test_train_clock_excludes_paused_time():
 def test_manifest_verification_catches_every_kind_of_damage(tmp_path):
     import json
 
-    from fp8train.checkpoint.files import MANIFEST, _checksums
+    from fp8train.checkpoint.files import MANIFEST, checksums
     from fp8train.checkpoint.verify import verify
     d = tmp_path / "step_0000001"
     d.mkdir()
     (d / "model.safetensors").write_bytes(b"weights" * 100)
     (d / "optimizer.bin").write_bytes(b"moments" * 100)
     assert verify(str(d)) == (None, "no manifest (written by an older fp8train): not verified")
-    (d / MANIFEST).write_text(json.dumps({"step": 1, "files": _checksums(str(d))}))
+    (d / MANIFEST).write_text(json.dumps({"step": 1, "files": checksums(str(d))}))
     problem, note = verify(str(d))
     assert problem is None and note.startswith("verified 2 files")
     (d / "optimizer.bin").write_bytes(b"moments" * 99 + b"momentX")   # same size, one byte off

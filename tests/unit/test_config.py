@@ -265,12 +265,12 @@ EXAMPLES = {"fp8_recipe": "current", "fp8_until": 0.5, "fp8_fsdp_all_gather": Tr
 def example(key):
     """A valid value of `key` other than its default (EXAMPLES, else the next one the key
     allows)."""
-    from fp8train.config.schema import _base_type, default_of
+    from fp8train.config.schema import base_type, default_of
     from fp8train.config.values import coerce
     if key in EXAMPLES:
         return EXAMPLES[key]
     f = C.KEYS[key]
-    d, base = default_of(f), _base_type(f)
+    d, base = default_of(f), base_type(f)
     if f.metadata.get("choices"):
         return next(c for c in f.metadata["choices"] if c != d)
     candidates = {"bool": lambda: [not d], "str": lambda: ["x"], "list": lambda: [["x"]],

@@ -140,6 +140,23 @@ def test_the_layer_check_finds_an_upward_arrow():
                                     ("fp8train.model", "fp8train.train.loop")]
 
 
+def private_imports(paths) -> list:
+    """`from <a package module> import _name` in `paths`: (file, name)."""
+    found = []
+    for path in paths:
+        for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"))):
+            if isinstance(node, ast.ImportFrom) and (node.level or (node.module or "").startswith(
+                    "fp8train")):
+                found += [(path.name, a.name) for a in node.names
+                          if a.name.startswith("_") and not a.name.startswith("__")]
+    return found
+
+
+def test_modules_import_only_each_others_public_names():
+    """What crosses a module boundary has a public name: a `_name` is the module's own."""
+    assert private_imports(PACKAGE.rglob("*.py")) == []
+
+
 def test_config_imports_nothing_of_the_package_but_errors():
     for name, deps in GRAPH.items():
         if name.startswith("fp8train.config"):
