@@ -31,7 +31,7 @@ from ..errors import one_line
 from ..io import atomic_write
 from ..ranks import first_error
 from .background import BackgroundSave
-from .files import (STEP_DIR, CONFIG_NAME, LATEST, MANIFEST, MANIFEST_FORMAT, TRAIN_STATE,
+from .files import (CONFIG_NAME, LATEST, MANIFEST, MANIFEST_FORMAT, STEP_DIR, TRAIN_STATE,
                     checksums, fsync_path, fsync_tree, give_normal_mode, step_dir_name)
 from .train_state import COMPONENTS, TrainState
 from .verify import read_train_state
