@@ -90,7 +90,7 @@ def ns_dtype_for(device: torch.device) -> torch.dtype:
     """bfloat16 on a GPU (Muon's own choice: its coefficients are tuned for it, and tensor
     cores run it fastest); float32 on a CPU, where most processors have no bfloat16 matrix
     instructions and emulate them: 870 ms of a 1.15 s demo step in bf16 on a 2-core EPYC
-    without them, about 40 ms in fp32 (docs/benchmarks.md)."""
+    without them, about 40 ms in fp32 (docs/records/benchmarks.md)."""
     return torch.bfloat16 if device.type == "cuda" else torch.float32
 
 

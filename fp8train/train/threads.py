@@ -9,7 +9,7 @@ that its straggling sibling, or the other process, needs, and every region waits
 that was preempted: the README demo went from 82 s to 1,087 s on 2 cores shared with one busy
 process. With `OMP_WAIT_POLICY=passive` a thread that is done sleeps at once, its core goes to
 whoever is runnable (its sibling first, which the scheduler moves there), and a shared machine
-costs its fair share of time instead (docs/benchmarks.md, "CPU: a busy machine").
+costs its fair share of time instead (docs/records/benchmarks.md, "CPU: a busy machine").
 
 libgomp reads the variable once, when torch loads it, so `apply()` sets it in the environment
 of the process (and of the processes it starts) before torch is imported: train/cli.py calls it

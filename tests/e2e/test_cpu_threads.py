@@ -43,8 +43,9 @@ def test_beside_a_busy_process_the_trainers_policy_wastes_no_cpu():
     the README demo ran 13 times slower. Measured beside a busy loop per core, the trainer's
     policy takes the CPU time of the work alone per step, where spinning takes 1.6 times that
     and more (the CPU the competing process loses). The time per step is printed, not asserted:
-    it was 1.2-1.7 times shorter on 2 cores when this was written (docs/benchmarks.md), but it
-    varies with the scheduler and whatever else the machine runs, where the CPU time does not."""
+    it was 1.2-1.7 times shorter on 2 cores when this was written (docs/records/benchmarks.md),
+    but it varies with the scheduler and whatever else the machine runs, where the CPU time does
+    not."""
     if (os.cpu_count() or 1) < 2:
         pytest.skip("one core: no thread waits for another")
     with busy_cores():

@@ -78,7 +78,7 @@ def test_fp8_with_no_layer_converted_trains_as_the_base_precision(tmp_path, fp32
 # The recipes of our own code that run on a CPU, as (backend, recipe): te's need a GPU
 # (tests/gpu), and torchao's rowwise recipes are torchao's own scaling (they log and resume
 # through the same code as tensorwise: test_resume_with_a_dynamic_recipe_is_identical). All
-# six CPU recipes' curves are in docs/benchmarks.md.
+# six CPU recipes' curves are in docs/records/benchmarks.md.
 CPU_RECIPES = [("native", "delayed"), ("native", "current"), ("torchao", "tensorwise")]
 
 

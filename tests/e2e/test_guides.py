@@ -1,14 +1,15 @@
 """The documentation is tested like code.
 
-- Every command block marked as runnable on a CPU (fenced ```bash cpu) in README.md and
-  docs/*.md runs here as a reader would run it: from the repository root, with bash, its run
-  directories (`runs/...`) moved into a temporary folder. A guide whose command broke fails.
+- Every command block marked as runnable on a CPU (fenced ```bash cpu) in README.md and the
+  pages under docs/ (docs/records/ included) runs here as a reader would run it: from the
+  repository root, with bash, its run directories (`runs/...`) moved into a temporary folder.
+  A guide whose command broke fails.
 - Every Python block (fenced ```python) runs too, in a folder that holds what the guides'
   Python names: the quick-start demo's run (`runs/test_fp8`, the demo config for fewer steps)
   and its export (`hf/test_fp8`).
-- Every relative link in README.md and docs/*.md points at a file that exists and, for a
-  `#anchor`, at a heading of that file; every repository path they name (`fp8train/...`,
-  `scripts/...`) exists.
+- Every relative link in README.md and the pages under docs/ points at a file that exists
+  and, for a `#anchor`, at a heading of that file; every repository path they name
+  (`fp8train/...`, `scripts/...`) exists.
 - docs/config.md is exactly what `python -m fp8train.config.reference` generates from the
   schema, so it cannot drift from the config.
 - The README's quick-start commands are the ones CI runs, and the README stays a front door.

@@ -1,9 +1,9 @@
 """Speed on a GPU (skipped without CUDA): per-block compile, Muon's batched update, the cost of
 fp8 auto. Each test asserts what must hold on any GPU (every block ran compiled from one graph,
 the compiled Muon update is the eager one, far fewer kernels, the choice within its budget with
-host and device time reported) and prints the numbers docs/benchmarks.md records (first-step
-seconds per block and whole, kernels and milliseconds per optimizer step, the choice's wall
-time). `pytest -s tests/gpu/test_gpu_speed.py` shows them."""
+host and device time reported) and prints the numbers docs/records/benchmarks.md records
+(first-step seconds per block and whole, kernels and milliseconds per optimizer step, the
+choice's wall time). `pytest -s tests/gpu/test_gpu_speed.py` shows them."""
 import json
 import subprocess
 import sys

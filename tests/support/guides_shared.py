@@ -11,4 +11,5 @@ PYTHON = re.compile(r"^```python\n(.*?)^```", re.S | re.M)   # every one runs, o
 
 
 def doc_files() -> list[Path]:
-    return [ROOT / "README.md", *sorted((ROOT / "docs").glob("*.md"))]
+    """README.md and every page under docs/, the records in docs/records/ included."""
+    return [ROOT / "README.md", *sorted((ROOT / "docs").rglob("*.md"))]

@@ -30,12 +30,19 @@ def _rel(path: Path) -> str:
 
 
 def test_every_guide_exists_is_linked_from_the_readme_and_has_cpu_commands():
+    """The README links the documentation's index, docs/README.md, and the index links every
+    page under docs/ (the records in docs/records/ included)."""
     readme = (ROOT / "README.md").read_text(encoding="utf-8")
+    index = ROOT / "docs" / "README.md"
     for name in GUIDES:
         assert (ROOT / "docs" / name).is_file(), name
         assert BLOCK.search((ROOT / "docs" / name).read_text(encoding="utf-8")), name
-    for path in sorted((ROOT / "docs").glob("*.md")):
-        assert f"(docs/{path.name})" in readme, f"README does not link docs/{path.name}"
+    assert "(docs/README.md)" in readme, "README does not link docs/README.md"
+    listed = index.read_text(encoding="utf-8")
+    for path in sorted((ROOT / "docs").rglob("*.md")):
+        if path != index:
+            name = path.relative_to(ROOT / "docs").as_posix()
+            assert f"]({name})" in listed, f"docs/README.md does not link {name}"
 
 
 def _strip_code(text: str) -> str:

@@ -3,7 +3,7 @@ torch._scaled_mm (cuBLASLt) needs from strided inputs and gradients, the cast pa
 torch.compile (one graph, however many layers; the same numbers as eager), and the weight cast
 once per optimizer step under gradient accumulation.
 
-`graph_counts` and `eager_op_counts` below are also how the numbers in docs/benchmarks.md
+`graph_counts` and `eager_op_counts` below are also how the numbers in docs/records/benchmarks.md
 ("CPU: the native FP8 cast path under torch.compile") were measured."""
 import collections
 from types import SimpleNamespace

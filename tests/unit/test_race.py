@@ -1,6 +1,7 @@
 """The demo-against-nanoGPT race (fp8train/analysis/race.py): the lines it reads from each
 tool's output, the point it compares at, the report, and a folder that is not nanoGPT.
-(The race itself runs nanoGPT, which is never part of this project: docs/benchmarks.md.)"""
+(The race itself runs nanoGPT, which is never part of this project:
+docs/records/benchmarks.md.)"""
 import pytest
 
 from fp8train.errors import BadInput
