@@ -10,7 +10,7 @@ from __future__ import annotations
 import os
 
 from ..errors import BadInput, close_matches
-from .files import STEP_DIR, LATEST, MANIFEST, RUN_FILES, TRAIN_STATE, list_names
+from .files import LATEST, MANIFEST, RUN_FILES, STEP_DIR, TRAIN_STATE, list_names
 from .manager import CheckpointManager
 from .verify import resume_refusal, verify
 
