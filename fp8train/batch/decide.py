@@ -1,95 +1,22 @@
-"""The run's plan, decided once at start: the batch plan (written, discovered by the probe, or
-the checkpoint's) and the run's length in optimizer steps."""
+"""The batch plan, decided once at start: as written, discovered by the probe (the micro-batch
+that fits, the fastest of those), or the resumed checkpoint's (train/plan.py puts it in the
+run's plan)."""
 from __future__ import annotations
 
 import dataclasses
-import math
 from dataclasses import dataclass
 
 import torch
 
-from ..checkpoint.resume import saved_micro_batch
 from ..config.schema import Config
-from ..config.validate import set_with_or_after
-from ..errors import BadInput
 from ..model import GPT
 from ..precision import Precision, build_precision
 from ..optim.optimizer import build_optimizer
-from ..optim.schedule import fp8_until_step
 from .fit import (DoesNotFit, cache_key, cache_path, check_target, choose_speed, discover,
                   make_trial, plan_from_fit)
 from .plan import BatchPlan, manual_plan
 from .sharded import as_sharded, fsdp_dtypes, sharding
 from .speed import describe_speed, speed_table
-
-
-@dataclass(frozen=True)
-class RunLength:
-    total_steps: int        # when training stops (epochs / max_steps)
-    lr_steps: int           # length of the LR schedule
-    steps_per_epoch: int
-    warmup_steps: int       # the warmup the schedule uses: the config's, or shortened
-    warmup_note: str = ""   # why it was shortened (a warning), or ""
-    fp8_until_note: str = ""  # fp8_until at or past the last step, or an old run's 1 (a warning)
-
-
-# A warmup not shorter than its schedule becomes this fraction of it: a short run of a longer
-# config (`--max_steps=20` over a warmup of 30) still warms up, and still decays.
-SHORTENED_WARMUP = 0.1
-
-
-def run_length(cfg: Config, train_tokens: int, plan: BatchPlan) -> RunLength:
-    tokens_per_step = plan.effective * cfg.seq_len
-    steps_per_epoch = max(1, math.ceil(train_tokens / tokens_per_step))
-    candidates = [s for s in (
-        math.ceil(cfg.num_epochs * steps_per_epoch) if cfg.num_epochs else None,
-        cfg.max_steps) if s is not None]
-    total = min(candidates)
-    lr_steps = cfg.lr_decay_steps or total
-    warmup, note = cfg.warmup_steps, ""
-    by_epochs = not cfg.lr_decay_steps and lr_steps != cfg.max_steps
-    if warmup >= lr_steps and by_epochs and set_with_or_after(cfg, "warmup_steps", "num_epochs"):
-        # As for max_steps (config/validate.py): a length set with the warmup, or after it, means
-        # both, and they contradict each other. Epochs become steps only now, with the data.
-        raise BadInput(f"{cfg.where('warmup_steps', 'num_epochs')}: key 'warmup_steps' "
-                          f"({cfg.warmup_steps}) must be smaller than the run's total steps "
-                          f"(num_epochs {cfg.num_epochs} × {steps_per_epoch} steps/epoch = "
-                          f"{lr_steps}): the LR would never decay")
-    if warmup >= lr_steps:     # the contradictions above, and in config/validate.py, were refused
-        warmup = int(lr_steps * SHORTENED_WARMUP)
-        what = "lr_decay_steps" if cfg.lr_decay_steps else "the run's"
-        note = (f"warmup_steps ({cfg.warmup_steps}, "
-                f"{cfg.origins.get('warmup_steps', 'the default')}) is not shorter "
-                f"than {what} {lr_steps} steps: warming up for {warmup} steps instead "
-                f"({SHORTENED_WARMUP:.0%} of the schedule)")
-    return RunLength(total, lr_steps, steps_per_epoch, warmup, note,
-                     _fp8_until_note(cfg, total, lr_steps, steps_per_epoch))
-
-
-def _fp8_until_note(cfg: Config, total: int, lr_steps: int, per_epoch: int) -> str:
-    """fp8_until's hand-over at or after the run's last step would leave FP8 on to the end:
-    refused when fp8_until was set with the run's length or after it (config/validate.py
-    refuses what the config alone shows; a length from num_epochs is known only now), a
-    warning when the length was set later (a short run of a config with a cool-down). Also the
-    warning for `fp8_until: 1` in a run's own config.yaml, kept as the step it meant then."""
-    step = fp8_until_step(cfg.fp8_until, lr_steps) if cfg.use_fp8 else None
-    if step == 1 and cfg.fp8_until == 1:   # only from a run's own config.yaml: validate.py
-        return ("key 'fp8_until' is 1 in the run's own config.yaml, written by an fp8train that "
-                "read it as step 1: kept, so FP8 runs for the first step only, then the base "
-                "precision; remove the line for FP8 to the end")
-    if step is None or step < total:
-        return ""
-    lengths = [k for k in ("num_epochs", "max_steps", "lr_decay_steps")
-               if getattr(cfg, k) is not None]
-    what = (f"num_epochs {cfg.num_epochs:g} × {per_epoch:,} steps/epoch" if total != cfg.max_steps
-            else "max_steps") + (f"; {cfg.fp8_until:g} of lr_decay_steps {lr_steps:,}"
-                                 if cfg.fp8_until < 1 and cfg.lr_decay_steps else "")
-    said = (f"key 'fp8_until' ({cfg.fp8_until:g}) hands FP8 over at step {step:,}, but the run "
-            f"ends at step {total:,} ({what}), so FP8 runs to the end")
-    if set_with_or_after(cfg, "fp8_until", *lengths):
-        raise BadInput(f"{cfg.where('fp8_until', *lengths)}: {said}; remove fp8_until, or give "
-                       f"a step below {total:,} or a fraction below 1")
-    return f"{said} ({cfg.origins.get('fp8_until')} set it before the run's length)"
 
 
 @dataclass(frozen=True)
@@ -121,19 +48,29 @@ def written_plan(cfg: Config, world: int) -> "BatchPlan | None":
 
 
 def decide_batch(cfg: Config, written: "BatchPlan | None", mcfg, prec: Precision, accelerator,
-                 checkpoint, run_dir: str, log) -> BatchDecision:
-    """The batch plan as written, or (auto_batch_size) the checkpoint's micro-batch on resume,
-    or the micro-batch that fits (the fastest of those that divide the target, timed), probed
-    (or read from the cache) and agreed."""
+                 saved: dict, run_dir: str, log) -> BatchDecision:
+    """The batch plan as written, or (auto_batch_size) the resumed checkpoint's micro-batch
+    (`saved`: its derived values, {} for a fresh run), or the micro-batch that fits (the
+    fastest of those that divide the target, timed), probed (or read from the cache) and
+    agreed."""
     world = accelerator.num_processes
     if written is not None:
         return BatchDecision(written, "", cfg.activation_checkpointing)
-    micro = saved_micro_batch(checkpoint, world) if checkpoint else None
+    micro = saved_micro_batch(saved, world)
     if micro is not None:
         plan = plan_from_fit(cfg, world, micro)
         return BatchDecision(plan, f"micro-batch {plan.micro} as in the checkpoint",
                              cfg.activation_checkpointing)
     return _discover(cfg, mcfg, prec, accelerator, run_dir, log)
+
+
+def saved_micro_batch(saved: dict, world: int) -> "int | None":
+    """The micro-batch the resumed checkpoint's run used (`saved`: its derived values), when it
+    ran on as many processes: the resumed run then takes the same steps (auto_batch_size probes
+    nothing)."""
+    if saved.get("world_size") != world or not saved.get("micro_batch_size"):
+        return None
+    return int(saved["micro_batch_size"])
 
 
 def probe_config(cfg: Config, prec: Precision) -> Config:

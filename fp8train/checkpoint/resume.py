@@ -1,8 +1,8 @@
 """Resuming a run: which checkpoint, whether the config may continue it, and what changes when
-it does (the batch plan it used, the LR schedule's length)."""
+it does (the LR schedule's length)."""
 from __future__ import annotations
 
-from typing import Callable, Optional
+from typing import Callable
 
 from .. import ranks
 from ..errors import BadInput
@@ -10,7 +10,7 @@ from ..optim.schedule import lr_at
 from .files import read_manifest
 from .locate import resolve_resume
 from .manager import CheckpointManager
-from .saved_config import changed_on_resume, saved_derived
+from .saved_config import changed_on_resume
 
 
 def choose_checkpoint(resume: str, manager: CheckpointManager, log,
@@ -61,21 +61,11 @@ def check_config_change(checkpoint: str, run_hash: str, values: dict, derived: d
                  + ", ".join(changed))
 
 
-def saved_micro_batch(checkpoint: str, world: int) -> Optional[int]:
-    """The micro-batch the checkpoint's run used, when it ran on as many processes: the resumed
-    run then takes the same steps (auto_batch_size probes nothing)."""
-    saved = saved_derived(checkpoint)
-    if saved.get("world_size") != world or not saved.get("micro_batch_size"):
-        return None
-    return int(saved["micro_batch_size"])
-
-
-def warn_schedule_change(checkpoint: str, lr_args: dict, step: int,
+def warn_schedule_change(saved: dict, lr_args: dict, step: int,
                          warn: Callable[[str], None]) -> None:
     """The schedule follows the run's length (unless lr_decay_steps is set), and the run's length
     may change on resume: say so, with the jump in LR it causes, rather than let it pass.
-    `lr_args`: this run's lr_at arguments."""
-    saved = saved_derived(checkpoint)
+    `saved`: the checkpoint's derived values; `lr_args`: this run's lr_at arguments."""
     before = saved.get("lr_schedule_steps")
     now = lr_args["total_steps"]
     if not isinstance(before, int) or before == now:

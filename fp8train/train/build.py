@@ -1,8 +1,9 @@
 """Assembly: everything a run needs, built once, in order, and handed to the loop as one `Run`.
 
-Run directory and resume point -> precision and Accelerator -> data -> batch plan and run
-length -> model and optimizer (restored from the checkpoint on resume) -> config.yaml -> W&B
-and the loop's components. Each component receives its own section of the config.
+Run directory and resume point -> precision and Accelerator -> data -> the run's plan, every
+start-up decision (plan.py: the batch plan, fp8 auto's choice, the run's length and schedule)
+-> model and optimizer (restored from the checkpoint on resume) -> config.yaml -> W&B and the
+loop's components. Each component receives its own section of the config and the plan.
 """
 from __future__ import annotations
 
@@ -16,8 +17,7 @@ import torch
 
 from .. import ranks
 from . import threads
-from ..batch.decide import (BatchDecision, RunLength, decide_batch, new_model, run_length,
-                            written_plan)
+from ..batch.decide import BatchDecision, new_model, written_plan
 from ..batch.plan import BatchPlan
 from ..checkpoint.checkpointer import Checkpointer
 from ..checkpoint.manager import CheckpointManager
@@ -41,15 +41,13 @@ from ..observe.metrics import Meter, WallClock, device_name, peak_note
 from ..observe.profiling import StepProfiler
 from ..observe.tracking import Tracker, environment, sweep_run_id
 from ..precision import Precision, build_precision
-from .fp8_auto import choose_fp8
 from .fp8_check import LossGapCheck
 from .health import Health
+from .plan import RunLength, decide
 from ..optim.optimizer import build_optimizer, check_distributed
 from ..optim.optimizer import describe as describe_optimizer
 from ..optim.optimizer import muon_flops_per_step
 from .recovery import Recovery
-from ..optim.schedule import describe as describe_schedule
-from ..optim.schedule import fp8_until_step, scaled_lr
 from .signals import Stopper, StopRequests
 
 
@@ -157,13 +155,13 @@ def build(cfg: Config, state, log: Logger, requests: StopRequests) -> Optional[R
     check_batch_fits(cfg, written.effective if written else cfg.target_effective_batch_size,
                      len(splits.train))
     mcfg = _model_config(cfg, splits.vocab_size)
-    batch = decide_batch(cfg, written, mcfg, prec, acc, checkpoint, run_dir, log)
-    prec, batch = choose_fp8(cfg, prec, acc, mcfg, batch, written, checkpoint, run_dir, log,
-                             splits.train)
-    plan = batch.plan
+    saved = saved_derived(checkpoint) if checkpoint else {}
+    prec, run_plan = decide(cfg, prec, acc, mcfg, splits.train, written, saved, run_dir, log)
+    batch, plan = run_plan.batch, run_plan.batch.plan
     acc.gradient_accumulation_steps = plan.accum
-    feed = _feed(cfg, plan, len(splits.train), RandomWindows(splits.train, cfg.seq_len, cfg.seed),
-                 acc, log, batch.note)
+    feed = Feed(RandomWindows(splits.train, cfg.seq_len, cfg.seed), plan, run_plan.length,
+                run_plan.lr_args, cfg.seq_len, acc.process_index, acc.device, cfg.data_prefetch,
+                run_plan.fp8_until_step)
     if cfg.plan_only:
         log.msg("plan only (--plan_only): not training")
         return None
@@ -175,12 +173,12 @@ def build(cfg: Config, state, log: Logger, requests: StopRequests) -> Optional[R
         check_config_change(checkpoint, run_hash, to_dict(cfg),
                             dict(data=data_id, effective_batch_size=plan.effective),
                             cfg.allow_config_change, cfg.where, log)
-    net, n_params, flops_per_token = _net(cfg, mcfg, prec, acc, batch, checkpoint, log)
+    net, n_params, flops_per_token = _net(cfg, mcfg, prec, acc, batch, saved, log)
     train_state = TrainState()
     # Same init everywhere (seeded above); from here on dropout masks differ per rank. A resume
     # then restores each rank's RNG state from the checkpoint.
     set_seed(cfg.seed + acc.process_index)
-    _restore(acc, manager, checkpoint, train_state, prec, feed, log)
+    _restore(acc, manager, checkpoint, saved, train_state, prec, feed, log)
     derived = _derived(prec, acc, feed, mcfg, n_params, flops_per_token, log)
     derived.update(data=data_id, **batch.derived(), environment=environment(acc.num_processes))
     resolved = dataclasses.replace(cfg, output_dir=run_dir, resume=resume,
@@ -315,30 +313,7 @@ def _model_config(cfg: Config, vocab_size: int):
         raise BadInput(f"{where}: model '{cfg.model}': {e}") from None
 
 
-def _feed(cfg: Config, plan: BatchPlan, train_tokens: int, windows, acc, log: Logger,
-          note: str) -> Feed:
-    """The data feed, the run's length and its LR schedule, said in the log."""
-    max_lr, lr_note = scaled_lr(cfg.learning_rate, cfg.lr_scaling, plan.effective,
-                                cfg.lr_reference_batch_size)
-    sched = run_length(cfg, train_tokens, plan)
-    log.msg(plan.describe(cfg.seq_len) + (f"; {note}" if note else ""))
-    if lr_note:
-        log.msg(lr_note)
-    for note in filter(None, (sched.warmup_note, sched.fp8_until_note)):
-        log.warn(note)
-    lr_args = dict(max_lr=max_lr, warmup_steps=sched.warmup_steps, total_steps=sched.lr_steps,
-                   min_lr_ratio=cfg.min_lr_ratio, schedule=cfg.lr_schedule,
-                   decay_fraction=cfg.lr_decay_fraction, decay_shape=cfg.lr_decay_shape)
-    after = describe_schedule(cfg.lr_schedule, cfg.min_lr_ratio, max_lr, cfg.lr_decay_fraction,
-                              cfg.lr_decay_shape)
-    log.msg(f"schedule: {sched.total_steps:,} steps ({sched.steps_per_epoch:,} per epoch), "
-            f"warmup {sched.warmup_steps}, {after} at step {sched.lr_steps:,}")
-    return Feed(windows, plan, sched, lr_args, cfg.seq_len, acc.process_index, acc.device,
-                cfg.data_prefetch, fp8_until_step(cfg.fp8_until, sched.lr_steps)
-                if cfg.use_fp8 else None)
-
-
-def _net(cfg: Config, mcfg, prec: Precision, acc, batch: BatchDecision, checkpoint,
+def _net(cfg: Config, mcfg, prec: Precision, acc, batch: BatchDecision, saved: dict,
          log: Logger) -> "tuple[Net, int, float]":
     """The model (FP8 layers converted, prepared, compiled) and its optimizer."""
     model = new_model(mcfg, batch.activation_checkpointing)
@@ -351,8 +326,8 @@ def _net(cfg: Config, mcfg, prec: Precision, acc, batch: BatchDecision, checkpoi
             f"({model.num_params(exclude_embeddings=True) / 1e6:.2f}M non-embedding), "
             f"vocab {mcfg.vocab_size:,} padded to {mcfg.padded_vocab_size:,}")
     prec.set_tokens(batch.plan.micro * cfg.seq_len, log.msg)  # fp8_layers auto times this size
-    if checkpoint is not None and prec.fp8:
-        prec.resume_layers(saved_derived(checkpoint))
+    if saved and prec.fp8:
+        prec.resume_layers(saved)
     model = prec.convert(model.to(acc.device))
     if prec.fp8:
         log.msg(prec.selection.describe())
@@ -375,8 +350,8 @@ def _net(cfg: Config, mcfg, prec: Precision, acc, batch: BatchDecision, checkpoi
     return net, n_params, flops_per_token
 
 
-def _restore(acc, manager: CheckpointManager, checkpoint, st: TrainState, prec: Precision,
-             feed: Feed, log: Logger) -> None:
+def _restore(acc, manager: CheckpointManager, checkpoint, saved: dict, st: TrainState,
+             prec: Precision, feed: Feed, log: Logger) -> None:
     """Load the checkpoint into the model, optimizer, RNG, `st` and the precision (its remedies
     and hand-over); drop the rows logged after it (those steps are re-run)."""
     if checkpoint is None:
@@ -395,7 +370,7 @@ def _restore(acc, manager: CheckpointManager, checkpoint, st: TrainState, prec: 
     if st.rollbacks:
         log.msg(f"this run restored a checkpoint {st.rollbacks} time(s) after non-finite "
                 f"steps; precision now: {prec.describe()}")
-    warn_schedule_change(checkpoint, feed.lr_args, st.step, log.warn)
+    warn_schedule_change(saved, feed.lr_args, st.step, log.warn)
     dropped = log.truncate_after(st.step)[0]
     log.msg(f"resumed from {checkpoint} at step {st.step:,} ({st.tokens:,} tokens)"
             + (f"; dropped {dropped} metrics rows logged after it" if dropped else ""))

@@ -19,7 +19,7 @@ def install() -> None:
     import torch.distributed as dist
 
     from fp8train.precision.timing import Timed
-    from fp8train.train import fp8_auto
+    from fp8train.train import plan
 
     timeout = os.environ.get("FP8TRAIN_PG_TIMEOUT_S")
     if timeout:
@@ -50,13 +50,13 @@ def install() -> None:
         def forget(self):
             pass
 
-    choose = fp8_auto.choose
+    choose = plan.choose
 
     def slow_choose(*args, **kw):
         return choose(*args, **dict(kw, timer=SleepyTimer(),
                                     numerics_for=lambda backend: (0.03, 0.07)))
 
-    fp8_auto.choose = slow_choose
+    plan.choose = slow_choose
 
 
 if __name__ == "__main__":

@@ -212,7 +212,7 @@ def test_config_reference_documents_every_key():
 
 
 def test_warmup_longer_than_an_epoch_driven_run_is_shortened():
-    from fp8train.batch.decide import run_length
+    from fp8train.train.plan import run_length
     cfg = load_config(["--dataset=synthetic", "--num_epochs=1"])     # warmup: the default 2000
     sched = run_length(cfg, train_tokens=50 * 8 * cfg.seq_len, plan=BatchPlan(8, 1, 1))
     assert (sched.total_steps, sched.lr_steps, sched.warmup_steps) == (50, 50, 5)
@@ -345,7 +345,7 @@ def test_a_backend_switched_later_switches_the_delayed_scaling_keys_with_it(tmp_
 def test_fp8_until_1_in_a_runs_own_config_keeps_its_old_meaning_with_a_warning(tmp_path):
     """A run's config.yaml written when fp8_until: 1 meant step 1 still loads (as a step, said
     in a warning at start); typed or in a config file of the user's, 1 is refused."""
-    from fp8train.batch.decide import run_length
+    from fp8train.train.plan import run_length
     values = dict(C.to_dict(load_config(["--config", str(ROOT / "configs" / "test_fp8.yaml")])),
                   fp8_until=1, derived={"world_size": 1})
     own = write(tmp_path, _yaml(values), "config.yaml")
@@ -427,7 +427,7 @@ def test_the_issues_combinations_are_refused_in_one_line(args, expect):
 
 def test_fp8_until_past_a_length_set_by_epochs_is_refused_or_warned_once_the_data_is_known(
         tmp_path):
-    from fp8train.batch.decide import run_length
+    from fp8train.train.plan import run_length
     plan, tokens = BatchPlan(8, 1, 1), 50 * 8 * 1024       # 50 steps per epoch
     cfg = load_config(["--dataset=synthetic", "--use_fp8", "--warmup_steps=5", "--fp8_until=60"])
     with pytest.raises(BadInput, match=r"^--fp8_until=60: key 'fp8_until' \(60\) hands FP8 "
