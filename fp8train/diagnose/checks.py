@@ -31,9 +31,3 @@ def _free_cuda_memory() -> None:
     torch = sys.modules.get("torch")
     if torch is not None and torch.cuda.is_initialized():
         torch.cuda.empty_cache()
-
-
-def rel_err(got, ref) -> float:
-    """Relative Frobenius error of `got` against `ref`, computed in fp32."""
-    got, ref = got.detach().float(), ref.detach().float()
-    return float((got - ref).norm() / ref.norm())

@@ -5,7 +5,9 @@
                                       with the base precision everywhere else
 
 `build_precision` picks one, checks it can run on this device, and falls back (one loud
-warning) or stops (exit 2) when it cannot, as `fp8_fallback` says."""
+warning) or stops (exit 2) when it cannot, as `fp8_fallback` says. What the rest of the package
+uses besides: `choose` (fp8 auto), `numerics` (activations captured for its check), `verdict`
+(what FP8 bought a run), `gemm_checks` (each backend's GEMMs against bf16, for the GPU check)."""
 from __future__ import annotations
 
 from typing import Callable, Optional
