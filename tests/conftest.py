@@ -1,17 +1,10 @@
 """The fixtures every test folder shares; the helpers are in tests/support (support.runs).
 tests/ and the repository root are put on sys.path, so that tests import `support.*` and the
 checkout's fp8train."""
-import os
 import sys
 from pathlib import Path
 
 import pytest
-
-# Under pytest-xdist (the README's `-n auto`) each worker is one of several processes sharing
-# the cores: one CPU thread each (for torch in the worker and for the processes it starts), set
-# before torch is imported, so that the workers do not oversubscribe the machine.
-if os.environ.get("PYTEST_XDIST_WORKER") and "OMP_NUM_THREADS" not in os.environ:
-    os.environ["OMP_NUM_THREADS"] = "1"
 
 TESTS = Path(__file__).resolve().parent
 sys.path.insert(0, str(TESTS.parent))

@@ -64,6 +64,8 @@ class Rule:
     off: dict
     when: dict
     in_effect: dict = field(default_factory=dict)   # key -> cfg -> bool, where not "not default"
+    switched_by: tuple = ()   # keys that change what `holds` reads (a backend, its recipe's
+                              # default): set later than the key, a switch too
 
 
 def _default_recipe(cfg: Config) -> str:
@@ -81,10 +83,11 @@ RULES = (
          in_effect={"fp8_recipe": lambda c: c.fp8_recipe != _default_recipe(c)}),
     # The recipe's default follows the backend (torchao's is tensorwise): a backend switched
     # later switches the recipe with it.
-    Rule(DELAYED_SCALING_KEYS, ("fp8_backend", "fp8_recipe"),
+    Rule(DELAYED_SCALING_KEYS, ("fp8_recipe",),
          lambda c: c.fp8_recipe in ("delayed", "auto"),
          "delayed scaling (fp8_recipe: delayed, or auto, which times it)",
-         off={"fp8_recipe": "current"}, when={"fp8_recipe": "delayed"}),
+         off={"fp8_recipe": "current"}, when={"fp8_recipe": "delayed"},
+         switched_by=("fp8_backend",)),
     Rule(("fp8_fsdp_all_gather",), ("fp8_backend", "fp8_recipe"),
          lambda c: (c.fp8_backend, c.fp8_recipe) == ("torchao", "tensorwise"),
          "fp8_backend: torchao and fp8_recipe: tensorwise",
@@ -179,7 +182,8 @@ def unmet(cfg: Config) -> "tuple[str, tuple] | None":
         if rule.holds(cfg):
             continue
         for key in rule.keys:
-            if in_effect(cfg, rule, key) and set_with_or_after(cfg, key, *rule.on):
+            if in_effect(cfg, rule, key) and set_with_or_after(cfg, key, *rule.on) and \
+                    set_with_or_after(cfg, key, *rule.switched_by):
                 state = ", ".join(f"{o} is {show(getattr(cfg, o))}" for o in rule.on)
                 return (f"key '{key}' ({show(getattr(cfg, key))}) applies only with "
                         f"{rule.said}, but {state}, so it would do nothing; remove it or "
