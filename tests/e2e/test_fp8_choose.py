@@ -107,11 +107,11 @@ def test_a_sigterm_during_the_choice_ends_every_rank_at_once(tmp_path):
     marker = tmp_path / "started"
     proc = _two_ranks(out, {"FP8TRAIN_CHOICE_STARTED": str(marker)}, "300,0")
     t0 = time.time()
-    while not (tmp_path / "started.0").exists():
+    while not ((tmp_path / "started.0").exists() and (tmp_path / "started.1").exists()):
         assert proc.poll() is None, proc.communicate()[1][-3000:]
-        assert time.time() - t0 < 300, "the choice did not start"
+        assert time.time() - t0 < 300, "the choice did not start on both ranks"
         time.sleep(0.1)
-    time.sleep(1.0)    # rank 1 is past its own share, waiting for rank 0
+    time.sleep(2.0)    # rank 1 is past its own share (no wait in it), waiting for rank 0
     workers = [p for p in psutil.Process(proc.pid).children()
                if "train_with_slow_choice.py" in " ".join(p.cmdline())]
     assert len(workers) == 2
