@@ -39,6 +39,7 @@ import sys
 import time
 
 from ..errors import EXIT_FAILED, EXIT_OK
+from ..observe.metrics_file import read_rows
 
 
 # --- what runs ------------------------------------------------------------------------------------
@@ -177,7 +178,7 @@ def probe(preset: str, precision: str, args, timeout: float) -> dict:
 def summarise(conf: dict, run_dir: str, args) -> dict:
     """One result row from a finished run's metrics.jsonl and config.yaml."""
     import yaml
-    rows = [json.loads(line) for line in open(os.path.join(run_dir, "metrics.jsonl"))]
+    rows = read_rows(run_dir, strict=True)
     train = [r for r in rows if "train/loss" in r]
     timed = [r for r in train if r["step"] > args.warmup]
     with open(os.path.join(run_dir, "config.yaml")) as fh:

@@ -3,12 +3,12 @@ resume leaves in it, and the run's train.log and config.yaml beside it. Only the
 library (and PyYAML for config.yaml) is imported."""
 from __future__ import annotations
 
-import json
 import os
 import re
 import sys
 
 from ..config.yaml_files import upgrade_saved
+from ..observe.metrics_file import read_rows
 
 
 def load_rows(path: str, warn=None) -> list:
@@ -16,23 +16,14 @@ def load_rows(path: str, warn=None) -> list:
     crash) are skipped; a step logged twice (a resumed run) keeps its last train row and its
     last eval row. Skipped lines other than the last are reported through `warn` (default: a
     `warning:` line on stderr). OSError / UnicodeDecodeError when the file cannot be read."""
-    rows, bad = {}, 0
-    with open(path, encoding="utf-8") as fh:
-        lines = fh.read().splitlines()
-    for i, line in enumerate(lines):
-        if not line.strip():
-            continue
-        try:
-            row = json.loads(line)
-        except json.JSONDecodeError:
-            bad += i < len(lines) - 1  # a torn *last* line is expected after a crash
-            continue
-        if isinstance(row, dict) and isinstance(row.get("step"), (int, float)):
+    rows, skipped = {}, []
+    for row in read_rows(path, skipped=skipped):
+        if isinstance(row.get("step"), (int, float)):
             kind = next((p for p in ("val/", "train/") if any(k.startswith(p) for k in row)),
                         tuple(sorted(row)))  # eval, train or some other kind of row
             rows[(kind, row["step"])] = row
-    if bad:
-        message = f"skipped {bad} unreadable line(s) in {path}"
+    if skipped:
+        message = f"skipped {len(skipped)} unreadable line(s) in {path}"
         if warn is None:
             print(f"warning: {message}", file=sys.stderr)
         else:
@@ -62,22 +53,17 @@ def resume_steps(run_dir: str) -> list:
         pass
     last = None
     try:
-        with open(os.path.join(run_dir, "metrics.jsonl"), encoding="utf-8",
-                  errors="replace") as fh:
-            for line in fh:
-                try:
-                    row = json.loads(line)
-                except json.JSONDecodeError:
-                    continue
-                step = row.get("step") if isinstance(row, dict) else None
-                if not isinstance(step, (int, float)) or isinstance(step, bool) or \
-                        any(k.startswith("checkpoint/") for k in row):
-                    continue   # a background checkpoint's row comes after later steps' rows
-                if last is not None and step < last:
-                    found.add(int(step))
-                last = step
-    except OSError:
-        pass
+        rows = read_rows(run_dir)
+    except (OSError, UnicodeDecodeError):
+        rows = []
+    for row in rows:
+        step = row.get("step")
+        if not isinstance(step, (int, float)) or isinstance(step, bool) or \
+                any(k.startswith("checkpoint/") for k in row):
+            continue   # a background checkpoint's row comes after later steps' rows
+        if last is not None and step < last:
+            found.add(int(step))
+        last = step
     return sorted(found)
 
 

@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
-import json
 import math
 import os
 import time
@@ -62,19 +61,15 @@ class _LazyBatches:
 def logged_val_loss(run_dir: str, step: int) -> float | None:
     """The val/loss the training loop logged at `step` in run_dir/metrics.jsonl (its last such
     row: a resumed run may have logged a step twice), or None."""
-    path = os.path.join(run_dir, "metrics.jsonl")
-    found = None
+    from ..observe.metrics_file import read_rows
     try:
-        with open(path, encoding="utf-8") as fh:
-            for line in fh:
-                try:
-                    row = json.loads(line)
-                except ValueError:
-                    continue
-                if isinstance(row, dict) and row.get("step") == step and "val/loss" in row:
-                    found = float(row["val/loss"])
-    except OSError:
+        rows = read_rows(run_dir)
+    except (OSError, UnicodeDecodeError):
         return None
+    found = None
+    for row in rows:
+        if row.get("step") == step and "val/loss" in row:
+            found = float(row["val/loss"])
     return found
 
 

@@ -6,5 +6,6 @@ Nothing is imported here: importing one module loads only the modules it uses.
 - console.py         what every entry point does alike with the console (`run_main`).
 - tracking.py        W&B through Accelerate: start, offline fallback, run id, environment.
 - metrics.py         tokens/s, MFU and the GPU peak table; the interval `Meter` and its clocks.
+- metrics_file.py    metrics.jsonl read back: the one reader (tools, sweeps, evaluate.py, tests).
 - profiling.py       `profile_steps`: traces and memory snapshots of chosen steps.
 """

@@ -11,8 +11,10 @@ import statistics
 import time
 from typing import Callable, Optional, Sequence
 
-from ..train.preflight import load_checked
 from ..errors import EXIT_FAILED, EXIT_OK, BadInput, SweepError
+from ..observe.logger import METRICS_NAME
+from ..observe.metrics_file import read_rows
+from ..train.preflight import load_checked
 from .command import DEFAULT_LAUNCHER, ROOT, build_command, config_argv, launcher_env
 from .process import run_command, trial_env
 from .spec import (DEFAULT_METRIC, format_value, is_number, is_value, metric_of, repo_relative,
@@ -24,24 +26,16 @@ def read_run_metrics(run_dir: str, metric: str = DEFAULT_METRIC["name"]) -> dict
     """From a run's metrics.jsonl: the last val/loss, the median train/tokens_per_sec, and the
     last value of `metric`. Unreadable lines (a run killed mid-write) are skipped."""
     out = {"val_loss": None, "tokens_per_sec": None, "metric": None}
-    path = os.path.join(run_dir, "metrics.jsonl")
-    if not os.path.isfile(path):
+    if not os.path.isfile(os.path.join(run_dir, METRICS_NAME)):
         return out
     tps = []
-    with open(path, encoding="utf-8") as fh:
-        for line in fh:
-            try:
-                row = json.loads(line)
-            except json.JSONDecodeError:
-                continue
-            if not isinstance(row, dict):
-                continue
-            if is_value(row.get("val/loss")):  # NaN included: a diverged run shows as nan
-                out["val_loss"] = float(row["val/loss"])
-            if is_number(row.get("train/tokens_per_sec")):
-                tps.append(float(row["train/tokens_per_sec"]))
-            if is_value(row.get(metric)):
-                out["metric"] = float(row[metric])
+    for row in read_rows(run_dir):
+        if is_value(row.get("val/loss")):  # NaN included: a diverged run shows as nan
+            out["val_loss"] = float(row["val/loss"])
+        if is_number(row.get("train/tokens_per_sec")):
+            tps.append(float(row["train/tokens_per_sec"]))
+        if is_value(row.get(metric)):
+            out["metric"] = float(row[metric])
     out["tokens_per_sec"] = statistics.median(tps) if tps else None
     return out
 

@@ -9,6 +9,8 @@ import re
 
 import pytest
 
+from fp8train.observe.metrics_file import read_rows
+
 
 pytestmark = pytest.mark.usefixtures("no_accelerate_state_left")
 
@@ -17,7 +19,6 @@ def test_a_real_run_logs_the_stall_of_each_background_save(tmp_path):
     """train_fp8.py with checkpoint_async: the periodic checkpoint's row in metrics.jsonl has
     checkpoint/stall_max_s and checkpoint/overlap_steps, and its console line says them; the
     final checkpoint, written synchronously, has neither."""
-    import json
 
     from support.runs import run_train, tiny_args
     out = tmp_path / "run"
@@ -25,7 +26,7 @@ def test_a_real_run_logs_the_stall_of_each_background_save(tmp_path):
                              eval_interval=8, eval_samples=0, checkpoint_async="true"))
     assert r.returncode == 0, r.stderr[-3000:]
     assert not [line for line in r.stderr.splitlines() if line.startswith("WARNING")], r.stderr
-    rows = [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines()]
+    rows = read_rows(out, strict=True)
     saves = {row["step"]: row for row in rows if "checkpoint/save_s" in row}
     assert sorted(saves) == [4, 8]
     bg = saves[4]

@@ -15,6 +15,8 @@ import torch
 from support.export_shared import transformers
 from support.runs import DATA_DIR, ROOT, run_train, tiny_args
 
+from fp8train.observe.metrics_file import read_rows
+
 
 def _script(name):
     spec = importlib.util.spec_from_file_location(name, ROOT / "scripts" / f"{name}.py")
@@ -61,7 +63,7 @@ def runs(tmp_path_factory):
 
 
 def _final_val_loss(run_dir):
-    rows = [json.loads(line) for line in open(run_dir / "metrics.jsonl")]
+    rows = read_rows(run_dir, strict=True)
     return [r for r in rows if "val/loss" in r][-1]
 
 

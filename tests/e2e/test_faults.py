@@ -18,7 +18,9 @@ import time
 import pytest
 import torch
 from safetensors.torch import load_file
-from support.runs import DATA_DIR, ROOT, entry_script, run_train, tiny_args
+from support.runs import DATA_DIR, ROOT, entry_script, rows, run_train, tiny_args
+
+from fp8train.observe.metrics_file import read_rows
 
 # FP8 (native, emulated on CPU) so that its scale state is part of what must survive; a fixed
 # LR schedule so that a resumed run trains exactly like an uninterrupted one.
@@ -77,7 +79,7 @@ def final_state(out, step=STEPS):
 
 
 def losses(out):
-    rows = [json.loads(line) for line in open(out / "metrics.jsonl")]
+    rows = read_rows(out, strict=True)
     return [(r["step"], r["train/loss"]) for r in rows if "train/loss" in r]
 
 
@@ -241,10 +243,6 @@ def test_no_usable_checkpoint_at_all_is_an_error(tmp_path, reference):
 NAN_ARGS = dict(use_fp8="true", fp8_backend="native", max_steps=24, lr_decay_steps=24,
                 log_interval=2, eval_interval=1000, checkpoint_interval=6, eval_samples=0,
                 max_bad_steps=3)
-
-
-def rows(out):
-    return [json.loads(line) for line in open(out / "metrics.jsonl")]
 
 
 @pytest.mark.parametrize("optimizer", ["adamw", "muon"])

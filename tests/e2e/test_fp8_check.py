@@ -10,13 +10,9 @@ import sys
 
 import pytest
 import safetensors.torch
-from support.runs import DATA_DIR, ROOT, run_train, tiny_args, untimed
+from support.runs import DATA_DIR, ROOT, rows, run_train, tiny_args, untimed
 
 FP8 = dict(use_fp8="true", fp8_backend="native")
-
-
-def rows(out, key):
-    return [r for r in map(json.loads, open(out / "metrics.jsonl")) if key in r]
 
 
 def summary(out):

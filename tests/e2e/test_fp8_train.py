@@ -1,19 +1,14 @@
 """FP8 training end to end on CPU, through train_fp8.py: the native backend (its GEMMs emulated)
 and torchao (emulate=True) train for real; Transformer Engine cannot run without CUDA, which
 exercises the fallback and error paths."""
-import json
 
 import pytest
 import yaml
-from support.runs import run_train, tiny_args
+from support.runs import rows, run_train, tiny_args
 
 AGGREGATES = {"fp8/fwd_scale", "fp8/bwd_scale", "fp8/amax", "fp8/saturated", "fp8/underflow"}
 PER_LAYER = {"fwd_scale_input", "fwd_scale_weight", "bwd_scale_grad_output", "amax_input",
              "amax_weight", "amax_grad_output"}
-
-
-def rows(out):
-    return [json.loads(line) for line in open(out / "metrics.jsonl")]
 
 
 def train_rows(out):

@@ -13,6 +13,8 @@ import pytest
 from support.hellaswag_shared import datasets_cache, write_hellaswag
 from support.runs import ROOT, run_train, tiny_args
 
+from fp8train.observe.metrics_file import read_rows
+
 
 @pytest.fixture
 def hellaswag_file(tmp_path):
@@ -31,7 +33,7 @@ def test_a_run_logs_both_accuracies_and_evaluate_py_reproduces_them(tmp_path, he
     out = tmp_path / "run"
     r = run_train(*tiny_args(out, hellaswag_interval=12, hellaswag_path=hellaswag_file))
     assert r.returncode == 0, r.stderr[-2000:]
-    rows = [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines()]
+    rows = read_rows(out, strict=True)
     (row,) = [row for row in rows if "hellaswag/acc" in row]
     acc, norm = row["hellaswag/acc"], row["hellaswag/acc_norm"]
     assert row["step"] == 12 and row["hellaswag/examples"] == 4

@@ -10,6 +10,8 @@ import pytest
 from safetensors.torch import load_file
 from support.runs import DATA_DIR, ROOT, run_train, tiny_args
 
+from fp8train.observe.metrics_file import read_rows
+
 MUON = dict(optimizer="muon", use_fp8="true", fp8_backend="native", lr_decay_steps=12,
             learning_rate=3e-3, muon_lr=0.02)
 
@@ -32,7 +34,7 @@ def test_muon_with_fp8_and_accumulation_resumes_bit_exact(tmp_path):
     assert pa.keys() == pb.keys() and any(k.startswith("fp8_state.") for k in pa)
     for k in pa:
         assert (pa[k] == pb[k]).all(), k
-    val = lambda d: [row["val/loss"] for row in map(json.loads, open(d / "metrics.jsonl"))
+    val = lambda d: [row["val/loss"] for row in read_rows(d, strict=True)
                      if "val/loss" in row]
     assert val(a) == val(b)
 
@@ -48,7 +50,7 @@ def test_fp8_until_hands_the_cool_down_to_the_base_precision_and_resumes_bit_exa
     assert r.returncode == 0, r.stderr[-2000:]
     assert r.stdout.count("fp8_until: step 6 reached after 6,144 tokens in FP8; FP8 handed "
                           "over to fp32") == 1
-    rows = [json.loads(line) for line in open(a / "metrics.jsonl")]
+    rows = read_rows(a, strict=True)
     scaled = [row["step"] for row in rows if "fp8/fwd_scale" in row]
     assert scaled and max(scaled) <= 6                    # no FP8 statistics after the switch
     assert {"step": 6, "tokens": 6144, "fp8/on": 0} in rows
@@ -85,7 +87,7 @@ def test_muon_under_ddp_matches_one_process(tmp_path):
     # 1% (measured), so the runs agree as a whole, not to fp32 rounding (AdamW's ~3e-6)
     for k in pa:
         assert (pa[k] - pb[k]).norm() <= 0.05 * pa[k].norm(), k
-    val = lambda d: [row["val/loss"] for row in map(json.loads, open(d / "metrics.jsonl"))
+    val = lambda d: [row["val/loss"] for row in read_rows(d, strict=True)
                      if "val/loss" in row]
     assert val(one) == pytest.approx(val(two), rel=5e-3)
 

@@ -12,6 +12,8 @@ import pytest
 from support.plot_run_shared import figures, legend_texts
 from support.runs import ROOT, run_train, tiny_args
 
+from fp8train.observe.metrics_file import read_rows
+
 PNG_MAGIC = b"\x89PNG\r\n\x1a\n"
 
 
@@ -90,8 +92,7 @@ def test_non_fp8_run_skips_the_fp8_plot_and_defaults_to_run_dir_plots(runs):
 def test_torn_last_line_and_resumed_steps(runs, tmp_path):
     run = tmp_path / "resumed"
     run.mkdir()
-    rows = [json.loads(line) for line in
-            (runs["fp32"] / "metrics.jsonl").read_text().splitlines()]
+    rows = read_rows(runs["fp32"], strict=True)
     train = [r for r in rows if "train/loss" in r]
     evals = [r for r in rows if "val/loss" in r]
     assert train and evals and train[-1]["step"] == evals[-1]["step"]  # train+eval share a step

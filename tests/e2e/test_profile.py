@@ -8,6 +8,8 @@ import json
 
 from support.runs import run_train, tiny_args
 
+from fp8train.observe.metrics_file import read_rows
+
 
 def test_profiled_steps_leave_a_trace_of_their_ops_and_stay_out_of_the_throughput(tmp_path):
     out = tmp_path / "run"
@@ -29,7 +31,7 @@ def test_profiled_steps_leave_a_trace_of_their_ops_and_stay_out_of_the_throughpu
         assert {"aten::mm", "aten::scaled_dot_product_attention"} <= inside or \
             {"aten::mm", "aten::_scaled_dot_product_flash_attention_for_cpu"} <= inside, inside
         assert any(name.startswith("Optimizer.step") for name in inside), inside
-    rows = [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines()]
+    rows = read_rows(out, strict=True)
     marked = {row["step"]: row.get("train/profiled") for row in rows if "train/loss" in row}
     assert marked == {2: None, 4: 1, 6: None, 8: None}
     # The steady state: steps 5-8 only (steps 1-2 are the warm-up interval, 3-4 profiled).

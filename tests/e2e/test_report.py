@@ -8,6 +8,8 @@ import sys
 import pytest
 from support.runs import ROOT, run_train, tiny_args
 
+from fp8train.observe.metrics_file import read_rows
+
 ARGS = dict(batch_size=8, gradient_accumulation_steps=1, max_steps=40, eval_interval=10,
             log_interval=5, checkpoint_interval=20, eval_samples=0)
 SUMMARY_KEYS = {
@@ -21,7 +23,7 @@ SUMMARY_KEYS = {
 
 
 def _rows(run):
-    return [json.loads(line) for line in open(run / "metrics.jsonl")]
+    return read_rows(run, strict=True)
 
 
 def _summary(run):

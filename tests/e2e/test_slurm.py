@@ -11,7 +11,6 @@ Skipped only where SLURM cannot be had: its binaries are missing and this is not
 is no apt-get. Where the packages are installed (CI installs them) the tests run, and a cluster
 that does not come up is an error, not a skip.
 """
-import json
 import os
 import re
 import shutil
@@ -23,6 +22,8 @@ from pathlib import Path
 import pytest
 from support.runs import DATA_DIR, ROOT
 from support.slurm_cluster import SlurmCluster, SlurmUnavailable, missing_binaries
+
+from fp8train.observe.metrics_file import read_rows
 
 SCRIPT = "submit_fp8.sh"
 
@@ -100,16 +101,9 @@ def job_logs(workdir: Path, job_id: str) -> tuple[str, str]:
 
 
 def metrics(run_dir: Path) -> list[dict]:
+    """The rows so far (a line being written is skipped)."""
     path = run_dir / "metrics.jsonl"
-    if not path.exists():
-        return []
-    rows = []
-    for line in path.read_text().splitlines():
-        try:
-            rows.append(json.loads(line))
-        except json.JSONDecodeError:
-            pass  # a line being written
-    return rows
+    return read_rows(path) if path.exists() else []
 
 
 def final(rows: list[dict], key: str) -> tuple[int, float]:

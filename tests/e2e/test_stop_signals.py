@@ -13,7 +13,7 @@ import threading
 import time
 
 import pytest
-from support.runs import DATA_DIR, ROOT, entry_script, run_train, tiny_args, untimed
+from support.runs import DATA_DIR, ROOT, entry_script, rows, run_train, tiny_args, untimed
 
 # Long enough to be signalled mid-run; lr_decay_steps fixes the schedule so that a stopped and
 # resumed run trains exactly like an uninterrupted one.
@@ -38,10 +38,6 @@ def wait_for_rows(out, n, proc, timeout=300):
         assert proc.poll() is None, proc.communicate()[1][-3000:]
         time.sleep(0.05)
     raise TimeoutError("training did not start")
-
-
-def rows(out):
-    return [json.loads(line) for line in open(out / "metrics.jsonl")]
 
 
 def latest(out):

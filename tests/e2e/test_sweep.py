@@ -17,7 +17,7 @@ import sys
 
 import pytest
 import yaml
-from support.runs import DATA_DIR, ROOT
+from support.runs import DATA_DIR, ROOT, rows
 from support.sweep_shared import COMMAND, GRID, RUN_ID, SWEEP_ID, sweep_cfg, write
 
 from fp8train import sweep as S
@@ -75,8 +75,7 @@ SHORT = ["--max_steps=6", "--eval_interval=6", "--log_interval=3", "--n_layer=2"
 
 
 def metrics_rows(run_dir):
-    with open(os.path.join(run_dir, "metrics.jsonl")) as fh:
-        return [json.loads(line) for line in fh]
+    return rows(run_dir)
 
 
 def test_local_grid_runs_real_trials_and_tabulates_them(tmp_path):

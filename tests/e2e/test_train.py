@@ -9,16 +9,11 @@ import numpy as np
 import pytest
 import yaml
 from safetensors.torch import load_file
-from support.runs import DATA_DIR, ROOT, run_train, tiny_args, untimed
+from support.runs import DATA_DIR, ROOT, rows, run_train, tiny_args, untimed
 
 CONTRACT_TRAIN_KEYS = {"step", "tokens", "train/loss", "train/lr", "train/grad_norm",
                        "train/tokens_per_sec"}
 CONTRACT_VAL_KEYS = {"step", "tokens", "val/loss", "val/ppl"}
-
-
-def rows(run_dir):
-    with open(os.path.join(run_dir, "metrics.jsonl")) as fh:
-        return [json.loads(line) for line in fh]
 
 
 def final_params(run_dir):

@@ -85,15 +85,13 @@ def free_port() -> int:
 
 
 def train_rows(out) -> list:
-    import json
-    return [json.loads(line) for line in open(Path(out) / "metrics.jsonl")
-            if '"train/loss"' in line]
+    from support.runs import rows
+    return rows(out, "train/loss")
 
 
 def val_rows(out) -> list:
-    import json
-    return [json.loads(line) for line in open(Path(out) / "metrics.jsonl")
-            if '"val/loss"' in line]
+    from support.runs import rows
+    return rows(out, "val/loss")
 
 
 def te_state_manager():

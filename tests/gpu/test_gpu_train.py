@@ -9,6 +9,8 @@ import yaml
 from gpu_support import needs_corpus, needs_cuda, run_train
 from support.runs import tiny_args
 
+from fp8train.observe.metrics_file import read_rows
+
 pytestmark = [pytest.mark.gpu, needs_cuda, needs_corpus]
 
 
@@ -19,7 +21,7 @@ def test_bf16_run_on_gpu_reports_memory_and_precision(tmp_path):
     cfg = yaml.safe_load(open(out / "config.yaml"))
     assert cfg["derived"]["precision"] == "bf16"
     assert cfg["derived"]["device"] == torch.cuda.get_device_name()
-    rows = [json.loads(line) for line in open(out / "metrics.jsonl")]
+    rows = read_rows(out, strict=True)
     last = [x for x in rows if "train/loss" in x][-1]
     assert last["system/gpu_memory_peak_gb"] >= last["system/gpu_memory_allocated_gb"] > 0
     assert last["system/gpu_memory_reserved_gb"] >= last["system/gpu_memory_allocated_gb"]
@@ -74,7 +76,7 @@ def test_background_checkpoints_on_gpu_resume_like_the_uninterrupted_run(tmp_pat
     step4 = out / "checkpoints" / "step_0000004"
     assert json.loads((step4 / "manifest.json").read_text())["async"] is True
     assert "copied to host memory" in (out / "train.log").read_text()
-    rows = [json.loads(line) for line in open(out / "metrics.jsonl")]
+    rows = read_rows(out, strict=True)
     saves = [x for x in rows if "checkpoint/save_s" in x]
     assert [x["step"] for x in saves] == [4, 8, 12] and all(x["checkpoint/size_gb"] > 0
                                                             for x in saves)
@@ -85,7 +87,7 @@ def test_background_checkpoints_on_gpu_resume_like_the_uninterrupted_run(tmp_pat
                   f"--resume={again / 'checkpoints' / 'step_0000004'}")
     assert r.returncode == 0 and "at step 4" in r.stdout, r.stderr[-3000:]
     losses = {x["step"]: x["train/loss"] for x in rows if "train/loss" in x}
-    resumed = [json.loads(line) for line in open(again / "metrics.jsonl")]
+    resumed = read_rows(again, strict=True)
     for x in resumed:
         if "train/loss" in x and x["step"] > 4:
             assert x["train/loss"] == pytest.approx(losses[x["step"]], rel=1e-5), x["step"]
@@ -111,7 +113,7 @@ def test_a_background_checkpoint_on_gpu_overlaps_training_without_stalling_it(tm
                              checkpoint_interval=10, keep_checkpoints=1,
                              checkpoint_async="true"))
     assert r.returncode == 0, r.stderr[-3000:]
-    rows = [json.loads(line) for line in open(out / "metrics.jsonl")]
+    rows = read_rows(out, strict=True)
     saves = {x["step"]: x for x in rows if "checkpoint/save_s" in x}
     assert sorted(saves) == [10, 20, 30], saves
     for step in (10, 20):   # the background ones; 30, the last, is written before the run ends

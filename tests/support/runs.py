@@ -53,6 +53,14 @@ def entry_script(env) -> str:
     return "tests/support/train_with_faults.py" if env.get("FP8TRAIN_FAULTS") else "train_fp8.py"
 
 
+def rows(run_dir, key: "str | None" = None) -> list:
+    """The run's metrics.jsonl rows in order (with `key`: those that have it), read by the
+    package's own reader, strictly: a line that is not a row fails the test."""
+    from fp8train.observe.metrics_file import read_rows
+    found = read_rows(str(run_dir), strict=True)
+    return found if key is None else [r for r in found if key in r]
+
+
 # Parts of metric names that time the run: two runs of the same training differ in them only.
 TIMINGS = ("per_sec", "time", "data_wait", "mfu", "_ms")
 

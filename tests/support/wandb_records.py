@@ -9,6 +9,8 @@ import sys
 
 from support.runs import DATA_DIR, ROOT
 
+from fp8train.observe.metrics_file import read_rows
+
 
 def wandb_env(tmp_path, **extra):
     """No key, no netrc, no settings from the machine's user: only what the test says."""
@@ -89,4 +91,4 @@ def offline_runs(out):
 
 
 def metrics_rows(out):
-    return [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines()]
+    return read_rows(out, strict=True)
