@@ -122,8 +122,13 @@ def test_a_sigterm_during_the_choice_ends_every_rank_at_once(tmp_path):
     assert time.time() - t1 < 30
     # Each rank left through its own stop (exit 3: rank 1 out of its wait too, not killed by the
     # launcher after rank 0 ended); torchrun reports the non-zero exits as its own failure,
-    # with the one traceback of its own.
-    assert stderr.count("exitcode  : 3") == 2, stderr[-3000:]
-    assert "stopped: SIGTERM received before the first training step" in stdout
+    # with the one traceback of its own. On a loaded machine the rank that stops second may
+    # still be on its way out (its handler already given back) when torchrun, seeing the first
+    # exit, sends its own SIGTERM: that rank then ends by the signal (-15), as promptly.
+    import re
+    codes = sorted(int(c) for c in re.findall(r"exitcode  : (-?\d+)", stderr))
+    assert codes in ([3, 3], [-15, 3]), stderr[-3000:]
+    if codes == [3, 3]:
+        assert "stopped: SIGTERM received before the first training step" in stdout
     assert stderr.count("Traceback") == 1 and "ChildFailedError" in stderr, stderr[-5000:]
     assert not (out / "checkpoints").exists() or not any((out / "checkpoints").iterdir())
