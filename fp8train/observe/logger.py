@@ -166,6 +166,16 @@ class Logger:
             self._file = None
 
 
+def parse_row(line: str) -> "dict | None":
+    """One line of metrics.jsonl as the row it holds; None for a line that holds none (torn by
+    a crash, or damaged)."""
+    try:
+        row = json.loads(line)
+    except json.JSONDecodeError:
+        return None
+    return row if isinstance(row, dict) else None
+
+
 class JsonLines:
     """One JSON object per line in a run-directory file (metrics.jsonl, samples.jsonl), written
     by the main process only."""
@@ -186,10 +196,7 @@ class JsonLines:
         for i, line in enumerate(lines, start=1):
             if not line.strip():
                 continue
-            try:
-                row = json.loads(line)
-            except json.JSONDecodeError:
-                row = None
+            row = parse_row(line)
             if i == len(lines) and not line.endswith("\n") and row is None:
                 continue   # a last line torn by a crash in the middle of its write
             if not isinstance(row, dict) or not isinstance(row.get("step", 0), (int, float)):

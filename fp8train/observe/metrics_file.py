@@ -3,11 +3,10 @@ everything that reads a run afterwards (plots and comparisons, the sweep runner'
 evaluate.py, benchmarks, the tests). Standard library only."""
 from __future__ import annotations
 
-import json
 import os
 from typing import Optional
 
-from .logger import METRICS_NAME
+from .logger import METRICS_NAME, parse_row
 
 
 def read_rows(run: str, strict: bool = False, skipped: Optional[list] = None) -> list:
@@ -23,11 +22,8 @@ def read_rows(run: str, strict: bool = False, skipped: Optional[list] = None) ->
     for i, line in enumerate(lines, start=1):
         if not line.strip():
             continue
-        try:
-            row = json.loads(line)
-        except json.JSONDecodeError:
-            row = None
-        if isinstance(row, dict):
+        row = parse_row(line)
+        if row is not None:
             rows.append(row)
         elif strict:
             raise ValueError(f"{path} line {i} is not a metrics row: {line[:80]!r}")
