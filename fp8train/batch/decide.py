@@ -9,6 +9,7 @@ from dataclasses import dataclass
 import torch
 
 from ..config.schema import Config
+from ..config.sections import section
 from ..model import GPT
 from ..precision import Precision, build_precision
 from ..optim.optimizer import build_optimizer
@@ -100,14 +101,14 @@ def _discover(cfg: Config, mcfg, prec: Precision, accelerator, run_dir: str,
         log.msg(sharded.describe())
         key = dict(key, sharded=True)
 
-    trial_cfg = probe_config(cfg, prec)
+    trial_cfg, opt = probe_config(cfg, prec), section(cfg, "optimizer")
 
     def trial(act: bool):
         return as_sharded(sharded, make_trial(
             build_model=lambda: new_model(mcfg, act),
             build_precision=lambda: build_precision(trial_cfg, device, warn=lambda _: None,
                                                     run_dir=run_dir),
-            build_optimizer=lambda m: build_optimizer(m, cfg),
+            build_optimizer=lambda m: build_optimizer(m, opt),
             loss_fn=lambda model, x: model(x, x, penalty_type=cfg.penalty_type,
                                            penalty_weight=cfg.penalty_weight)[0],
             cfg=cfg, vocab_size=mcfg.vocab_size, device=device, autocast=accelerator.autocast,

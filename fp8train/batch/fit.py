@@ -30,6 +30,7 @@ from typing import Callable, Optional
 import torch
 
 from ..config.schema import Config
+from ..config.sections import section
 from ..errors import BadInput, is_out_of_memory, one_line
 from ..io import read_entry, write_entry
 from ..memory import release_memory
@@ -122,6 +123,8 @@ def make_trial(build_model: Callable[[], torch.nn.Module], build_precision, buil
     `loss_fn(model, x)`: the loss of the (compiled) model on tokens x, as the run computes it
     (the model's own loss, inside its compiled forward)."""
 
+    model_section = section(cfg, "model")
+
     def run(micro: int, timed_steps: int) -> StepTimes:
         prec = build_precision().for_trials()
         try:
@@ -138,7 +141,7 @@ def make_trial(build_model: Callable[[], torch.nn.Module], build_precision, buil
     def _step(prec, micro: int, timed_steps: int) -> StepTimes:
         model = prec.convert(build_model().to(device))
         model.train()
-        step_model, _ = compile_model(model, cfg)   # as the run compiles it
+        step_model, _ = compile_model(model, model_section)   # as the run compiles it
         opt = build_optimizer(model)
         x = torch.randint(0, vocab_size, (micro, cfg.seq_len), device=device)
         # AdamW allocates its two moments at its first step, after that step's activations are

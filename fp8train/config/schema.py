@@ -353,8 +353,7 @@ class Config:
     def where(self, *keys: str) -> str:
         """Where the values of `keys` came from, for an error about them: the options and files
         that set them (defaults left out), else the config file."""
-        found = [self.origins[k] for k in keys if k in self.origins]
-        return ", ".join(dict.fromkeys(found)) or self.source
+        return origin_of(self.origins, self.source, keys)
 
     def __post_init__(self):
         if self.eval_interval is None:   # a target is noticed sooner with more evaluations
@@ -363,6 +362,12 @@ class Config:
         if self.fp8_recipe is None:      # the backend's own default recipe
             object.__setattr__(self, "fp8_recipe",
                                FP8_RECIPES.get(self.fp8_backend, ("auto",))[0])
+
+
+def origin_of(origins: dict, source: str, keys) -> str:
+    """The options and files that set `keys` (`origins`: key -> where), else `source`."""
+    found = [origins[k] for k in keys if k in origins]
+    return ", ".join(dict.fromkeys(found)) or source
 
 
 # Keys a later part of the pipeline writes into config.yaml; accepted (and ignored) on load so

@@ -34,7 +34,7 @@ def sdpa_once(device, backend) -> dict:
     import torch.nn.functional as F
     from torch.nn.attention import SDPBackend, sdpa_kernel
 
-    from ..precision.numerics import rel_error   # the trainer's own (inf when not finite)
+    from ..precision import rel_error   # the trainer's own (inf when not finite)
     gen = torch.Generator().manual_seed(0)
     q, k, v = (torch.randn(2, 8, 512, 64, generator=gen).to(device, torch.bfloat16)
                .requires_grad_() for _ in range(3))

@@ -46,10 +46,10 @@ def fp8_section(device_report: dict) -> dict:
 def te_recipes(device) -> dict:
     """recipe -> {"available", "reason", "gemm"}: Transformer Engine's own verdict on whether
     this GPU runs the recipe (the reason when not), and the GEMM check of each one it runs."""
-    from ..precision.gemm_checks import te_recipe_unavailable
+    from ..precision import fp8_unavailable
     out = {}
     for recipe in TE_RECIPES:
-        reason = run_check(lambda r=recipe: {"reason": te_recipe_unavailable(r)})
+        reason = run_check(lambda r=recipe: {"reason": fp8_unavailable(device, te_recipe=r)})
         if not reason["ok"]:   # the query itself raised: a reason too, never a traceback
             reason = {"reason": f"availability check failed ({reason['error']})"}
         out[recipe] = {"available": reason["reason"] is None, "reason": reason["reason"],
@@ -65,15 +65,15 @@ def fp8_gate(device_report: dict) -> str | None:
         return f"no CUDA device: {device_report['reason']}"
     import torch
 
-    from ..precision.gemm_checks import fp8_gate as gate   # the trainer's own rule (cc >= 8.9)
-    return gate(torch.device("cuda", device_report["index"]))
+    from ..precision import fp8_unavailable   # the trainer's own rule (cc >= 8.9)
+    return fp8_unavailable(torch.device("cuda", device_report["index"]))
 
 
 # ----------------------------------------------------------------------------------- imports
 
 def fp8_imports() -> dict:
     """Per backend: does it import here (no device needed)."""
-    from ..precision.gemm_checks import backend_version   # torch and the backends load here
+    from ..precision import backend_version   # torch and the backends load here
     return {name: _import_check(lambda n=name: backend_version(n)) for name in BACKENDS}
 
 
@@ -109,14 +109,14 @@ def check_native(device) -> dict:
     """The native backend's forward (E4M3 x E4M3, fast accumulation) and grad_input (E5M2 x
     E4M3) GEMMs through its own fp8_mm. torch._scaled_mm also exists on CPU, so the CPU test
     runs this for real."""
-    from ..precision.gemm_checks import gemm_errors
+    from ..precision import gemm_errors
     return judge(gemm_errors("native", device))
 
 
 def check_torchao(device) -> dict:
     """A Linear converted by torchao's convert_to_float8_training (its default recipe), forward
     and backward. On CPU torchao emulates the FP8 GEMMs (the CPU test runs that)."""
-    from ..precision.gemm_checks import gemm_errors
+    from ..precision import gemm_errors
     return judge(gemm_errors("torchao", device))
 
 
@@ -124,5 +124,5 @@ def check_te(device, recipe_name: str = "delayed") -> dict:
     """te.Linear forward and backward under TE's autocast with the recipe a training config with
     this fp8_recipe builds, three steps, the last judged (under delayed scaling the later steps
     take their scales from the amax history)."""
-    from ..precision.gemm_checks import gemm_errors
+    from ..precision import gemm_errors
     return judge(gemm_errors("te", device, recipe_name))

@@ -90,7 +90,8 @@ def evaluate(path: str, split: str = "val", sequences: int | None = None, whole:
     cfg = dataclasses.replace(t.cfg, **{k: v for k, v in dict(data_dir=data_dir,
                                                             dataset=dataset).items()
                                         if v is not None})
-    splits = load_splits(cfg, log)
+    from ..config.load import section
+    splits = load_splits(section(cfg, "data"), log)
     if splits.vocab_size > t.mcfg.vocab_size:
         raise BadInput(f"dataset '{cfg.dataset}' has a vocabulary of {splits.vocab_size:,}; "
                           f"the model knows {t.mcfg.vocab_size:,} ids")
@@ -134,9 +135,9 @@ def _eval_precision(t, device, warn):
     cfg = t.cfg
     prec = None
     if cfg.use_fp8 and cfg.fp8_eval:   # fall back quietly: the warning below says what it means
-        from ..precision.choose import as_chosen   # fp8 auto: the recipe the run trained with
-        prec = build_precision(dataclasses.replace(as_chosen(cfg, t.derived), fp8_fallback="bf16"),
-                               device, lambda msg: None)
+        # fp8 auto: the recipe the run trained with (its derived values)
+        prec = build_precision(dataclasses.replace(cfg, fp8_fallback="bf16"), device,
+                               lambda msg: None, chosen=t.derived)
     model = t.model
     if prec is not None and prec.fp8:
         prec.resume_layers(t.derived)

@@ -6,19 +6,36 @@ import math
 
 import torch
 
+from ..checkpoint.train_state import Counters
 from ..errors import one_line
 from ..observe.logger import hms
 from .evaluation import token_loss_sums
 from .hellaswag import NORMALISED_BY, describe, metrics_row
 
 
+class EvalRecord(Counters):
+    """The evaluations so far, carried across resumes (a checkpoint's component "evaluator"):
+    the best val/loss and its step, and where target_val_loss was first reached."""
+
+    def __init__(self):
+        self.best_val_loss = None
+        self.best_val_step = None
+        self.target = None           # target_val_loss when it was reached, and where
+        self.target_step = None
+        self.time_to_target_s = None
+        self.tokens_to_target = None
+
+
 class Evaluator:
-    def __init__(self, ev, eval_set, accelerator, prec, log, samples=None, hellaswag=None):
+    def __init__(self, ev, eval_set, accelerator, prec, log, samples=None, hellaswag=None,
+                 record: "EvalRecord | None" = None):
         """`ev`: the config's eval section; `samples`: a samples.TextSampler, or None (no text);
-        `hellaswag`: a hellaswag.HellaSwag, or None (off)."""
+        `hellaswag`: a hellaswag.HellaSwag, or None (off); `record`: the evaluations so far (a
+        resumed checkpoint's)."""
         self.ev, self.eval_set, self.acc, self.prec, self.log = ev, eval_set, accelerator, \
             prec, log
         self.samples, self.hellaswag = samples, hellaswag
+        self.record = record if record is not None else EvalRecord()
         self.final = None      # (step, val/loss) of the latest evaluation
         self.hellaswag_final = None   # the latest HellaSwag accuracies, with their step
 
@@ -27,10 +44,11 @@ class Evaluator:
         signal (SLURM's warning, a preemption) leaves its time to the checkpoint."""
         return step % self.ev.eval_interval == 0 or last or stopping
 
-    def target_done(self, st) -> bool:
+    def target_done(self) -> bool:
         """This run reached its target before and stops there (stop_at_target)."""
+        rec = self.record
         return self.ev.target_val_loss is not None and self.ev.stop_at_target and \
-            st.target == self.ev.target_val_loss and st.target_step is not None
+            rec.target == self.ev.target_val_loss and rec.target_step is not None
 
     @torch.no_grad()
     def run(self, model, st, train_seconds: float, wall, stopper=None,
@@ -63,8 +81,9 @@ class Evaluator:
             self.hellaswag_final = dict(acc, acc_norm_by=NORMALISED_BY, step=st.step)
             hella = f"; {describe(acc)}"
         self.final = (st.step, val_loss)
-        if st.best_val_loss is None or val_loss < st.best_val_loss:
-            st.best_val_loss, st.best_val_step = val_loss, st.step
+        rec = self.record
+        if rec.best_val_loss is None or val_loss < rec.best_val_loss:
+            rec.best_val_loss, rec.best_val_step = val_loss, st.step
         reached = self._reached_target(st, val_loss, train_seconds)
         if reached:   # in the same row: one evaluation, one row
             row.update({"val/time_to_target_s": train_seconds, "val/tokens_to_target": st.tokens})
@@ -100,12 +119,12 @@ class Evaluator:
         """Record the first evaluation at or below target_val_loss. Training time, not wall
         time: evaluations and checkpoints are left out, so runs evaluating at different
         intervals compare fairly."""
-        target = self.ev.target_val_loss
+        target, rec = self.ev.target_val_loss, self.record
         if target is None or not val_loss <= target or \
-                (st.target == target and st.target_step is not None):
+                (rec.target == target and rec.target_step is not None):
             return False
-        st.target, st.target_step = target, st.step
-        st.time_to_target_s, st.tokens_to_target = train_seconds, st.tokens
+        rec.target, rec.target_step = target, st.step
+        rec.time_to_target_s, rec.tokens_to_target = train_seconds, st.tokens
         return True
 
 

@@ -163,8 +163,8 @@ def _read_dcp(directory: str) -> dict:
 def _import_torchao_float8() -> bool:
     """Import torchao.float8 when it is installed; False when it cannot be."""
     try:
-        from ..precision.ao import import_float8
-        import_float8()
+        from ..precision import backend_version
+        backend_version("torchao")   # imports torchao.float8, quietly
         return True
     except Exception:   # not installed, or built for another torch: the read says what failed
         return False
@@ -232,7 +232,7 @@ def autocast(cfg: Config, device: torch.device, warn=None):
     for precision auto), as Accelerate enters it in training; fp32 where it cannot run."""
     from ..precision import base_precision
     try:
-        mixed = base_precision(cfg, device).mixed_precision
+        mixed = base_precision(config_mod.section(cfg, "precision"), device).mixed_precision
     except BadInput as e:   # fp16 on a CPU
         if warn:
             warn(f"{e}: computing in fp32")

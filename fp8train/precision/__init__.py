@@ -5,9 +5,15 @@
                                       with the base precision everywhere else
 
 `build_precision` picks one, checks it can run on this device, and falls back (one loud
-warning) or stops (exit 2) when it cannot, as `fp8_fallback` says. What the rest of the package
-uses besides: `choose` (fp8 auto), `numerics` (activations captured for its check), `verdict`
-(what FP8 bought a run), `gemm_checks` (each backend's GEMMs against bf16, for the GPU check)."""
+warning) or stops (exit 2) when it cannot, as `fp8_fallback` says. The loop talks to the
+`Precision` it returns through its verbs (convert, forward_context, after_backward,
+after_optimizer_step, watch/stats, recover, hand_over, state_dict, report).
+
+This module is the folder's whole public face (`__all__`): nothing outside precision/ imports
+from its modules. Besides the two above: `base_precision` (the autocast a run evaluates in),
+`choose` (fp8 auto), `sample_model` (the model's own activations for its numerics check),
+`verdict_lines` (what FP8 bought a run, in words), and for the GPU check `gemm_errors`,
+`backend_version`, `fp8_unavailable` and `rel_error`."""
 from __future__ import annotations
 
 from typing import Callable, Optional
@@ -18,7 +24,11 @@ from ..config.load import Config
 from ..errors import BadInput
 from .backends import fp8_backends
 from .base import Precision
+from .choose import as_chosen, choose, is_auto
+from .gemm_checks import backend_version, fp8_unavailable, gemm_errors
+from .numerics import rel_error, sample_model
 from .plain import BF16, FP16, FP32
+from .verdict import describe as verdict_lines
 
 BASE = {"fp32": FP32, "bf16": BF16, "fp16": FP16}
 
@@ -37,18 +47,23 @@ def base_precision(cfg: Config, device: torch.device) -> Precision:
 
 
 def build_precision(cfg: Config, device: torch.device, warn: Callable[[str], None],
-                    run_dir: Optional[str] = None) -> Precision:
+                    run_dir: Optional[str] = None, chosen: Optional[dict] = None) -> Precision:
     """The run's precision: the base (bf16/fp32/fp16), or an FP8 backend over it. `run_dir`:
     where the backend caches its layer timings (a sweep trial's own directory; default
-    output_dir)."""
+    output_dir); `chosen`: a finished run's derived values (its config.yaml's), whose backend
+    and recipe replace fp8 auto's (evaluating its checkpoint as it trained)."""
     base = base_precision(cfg, device)
     if not cfg.use_fp8:
         return base
+    if chosen is not None:
+        cfg = as_chosen(cfg, chosen)
     from .choose import provisional   # fp8 auto: a backend to start with (choose.py decides)
+    auto = is_auto(cfg)
     cfg = provisional(cfg, _runs_here(cfg, base, device))
     backend = fp8_backends()[cfg.fp8_backend](cfg, base, run_dir)
     reason = backend.unavailable(device)
     if reason is None:
+        backend.auto = auto
         return backend
     if cfg.fp8_fallback == "error":
         raise BadInput(f"{cfg.where('fp8_backend', 'use_fp8')}: key 'fp8_backend': "
@@ -77,4 +92,5 @@ def _runs_here(cfg: Config, base: Precision, device: torch.device) -> Callable[[
     return runs
 
 
-__all__ = ["Precision", "build_precision", "base_precision", "BASE"]
+__all__ = ["Precision", "build_precision", "base_precision", "choose", "sample_model",
+           "verdict_lines", "gemm_errors", "backend_version", "fp8_unavailable", "rel_error"]

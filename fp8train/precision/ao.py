@@ -149,11 +149,11 @@ class TorchAO(Fp8Backend):
         from torchao.float8 import precompute_float8_dynamic_scale_for_fsdp
         precompute_float8_dynamic_scale_for_fsdp(self.model)
 
-    def recover(self, how: str) -> "str | None":
+    def recover(self, how: str, why: "str | None" = None) -> "str | None":
         # A rollback has just restored older weights: the precomputed scales are stale.
         if self.fsdp_all_gather:
             self.precompute_scales()
-        return super().recover(how)
+        return super().recover(how, why)
 
     @contextlib.contextmanager
     def high_precision(self):

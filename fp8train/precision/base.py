@@ -22,6 +22,7 @@ class Precision:
     fallback_from: Optional[str] = None  # set when FP8 was asked for and could not run
     margin_added = 0              # recovery remedies in effect (see recover)
     disabled = False
+    auto = False                  # fp8 auto: its backend and recipe are chosen at start (choose)
     # What of the model torch.compile does not trace under this precision (said in the
     # compile line), or None: everything compiles.
     eager_under_compile: Optional[str] = None
@@ -82,9 +83,26 @@ class Precision:
         """Metric name -> 0-d device tensor for the watched step; read with one host sync."""
         return OrderedDict()
 
-    def recover(self, how: str) -> str | None:
-        """The remedy after a rollback for non-finite steps (`how`: fp8_recovery); returns
-        what changed, or None when there is nothing to change."""
+    def recover(self, how: str, why: Optional[str] = None) -> str | None:
+        """The remedy after a rollback for non-finite steps, or for FP8's loss gap (`how`:
+        fp8_recovery; `why`: the reason FP8 is switched off, when it is, instead of the
+        rollback's); returns what changed, or None when there is nothing to change."""
+        return None
+
+    def status(self) -> dict:
+        """The FP8 remedies in effect, for the recovery rows: {"fp8_margin", "fp8_on"} (0 once
+        switched off); {} without FP8."""
+        return {}
+
+    def high_precision(self):
+        """A context in which the converted layers compute like plain Linears (the loss-gap
+        check's reference, evaluation)."""
+        return contextlib.nullcontext()
+
+    def hand_over(self, tokens: int) -> str | None:
+        """fp8_until: the converted layers compute in the base precision from now on, `tokens`
+        having been trained in FP8 (kept for the report); returns what changed, or None when
+        FP8 is not on."""
         return None
 
     def state_dict(self) -> dict:
@@ -98,6 +116,12 @@ class Precision:
 
     def describe(self) -> str:
         return self.name
+
+    def report(self, model: nn.Module):
+        """What the end-of-run verdict needs of this precision and the finished `model`
+        (unwrapped), as plain data: verdict.py's Fp8Facts (its `verdict` is the numbers)."""
+        from .verdict import facts_of
+        return facts_of(self, model)
 
     def cautions(self) -> list:
         """What the run must be told once, after `convert`: settings that make this backend
@@ -233,6 +257,7 @@ class Fp8Backend(Precision):
         self.recorder = None
         self.disabled = False     # FP8 switched off by a recovery: high precision from then on
         self.handed_over = False  # ... by fp8_until
+        self.handed_over_tokens: Optional[int] = None   # the tokens trained in FP8 by then
         self.off_reason = "after non-finite steps (fp8_recovery)"   # why, once disabled
         self.fp8_choice: Optional[dict] = None   # fp8 auto's choice and table (choose.py)
         self.margin_added = 0
@@ -306,23 +331,33 @@ class Fp8Backend(Precision):
     def margin(self) -> int:
         return self.cfg.fp8_margin + self.margin_added
 
-    def recover(self, how: str) -> str | None:
+    def recover(self, how: str, why: Optional[str] = None) -> str | None:
         if self.disabled:
             return None
-        if how == "until":   # fp8_until reached: the cool-down in the base precision
-            self.disabled = self.handed_over = True
-            return f"FP8 handed over to {self.base.name}: the converted layers compute in " \
-                f"{self.base.name} from here"
         if how == "margin" and self.raise_margin():
             self.margin_added += 1
             return f"fp8_margin {self.margin() - 1} -> {self.margin()}"
         self.disabled = True
+        if why:
+            self.off_reason = why
         why = "" if how == "bf16" else f" ({self.label} has no margin to raise)"
         return f"FP8 switched off{why}: the converted layers compute in {self.base.name} from here"
 
+    def hand_over(self, tokens: int) -> str | None:
+        if self.disabled:
+            return None
+        self.disabled = self.handed_over = True   # the cool-down in the base precision
+        self.handed_over_tokens = tokens
+        return f"FP8 handed over to {self.base.name}: the converted layers compute in " \
+            f"{self.base.name} from here"
+
+    def status(self) -> dict:
+        return {"fp8_margin": self.margin(), "fp8_on": int(not self.disabled)}
+
     def state_dict(self) -> dict:
         return {"margin_added": self.margin_added, "off": self.disabled,
-                "off_reason": self.off_reason, "handed_over": self.handed_over}
+                "off_reason": self.off_reason, "handed_over": self.handed_over,
+                "handed_over_tokens": self.handed_over_tokens}
 
     def load_state_dict(self, state: dict) -> None:
         for _ in range(int(state.get("margin_added", 0)) - self.margin_added):
@@ -330,6 +365,8 @@ class Fp8Backend(Precision):
                 self.margin_added += 1
         self.disabled = self.disabled or bool(state.get("off", False))
         self.handed_over = self.handed_over or bool(state.get("handed_over", False))
+        if self.handed_over_tokens is None:
+            self.handed_over_tokens = state.get("handed_over_tokens")
         if state.get("off") and state.get("off_reason"):
             self.off_reason = state["off_reason"]
 

@@ -37,20 +37,18 @@ def backend_version(backend: str) -> str:
     return f"torch {torch.__version__}, torch._scaled_mm"
 
 
-def te_recipe_unavailable(recipe: str) -> "str | None":
-    """Why Transformer Engine does not run `recipe` on the current CUDA device (its own
-    availability function, as training asks it), or None."""
+def fp8_unavailable(device, te_recipe: "str | None" = None) -> "str | None":
+    """Why no FP8 GEMM runs on CUDA `device` (compute capability below 8.9), by the trainer's
+    own rule; with `te_recipe`, why Transformer Engine does not run that recipe on the current
+    CUDA device (its own availability function, as training asks it). None when it runs."""
+    if te_recipe is None:
+        from .base import cuda_fp8_gate
+        return cuda_fp8_gate(device)
     from transformer_engine.common import recipe as recipes
 
     from .te import recipe_unavailable
     te = importlib.import_module("transformer_engine.pytorch")
-    return recipe_unavailable(te, recipes, recipe)
-
-
-def fp8_gate(device) -> "str | None":
-    """Why no FP8 GEMM runs on CUDA `device` (compute capability below 8.9), or None."""
-    from .base import cuda_fp8_gate
-    return cuda_fp8_gate(device)
+    return recipe_unavailable(te, recipes, te_recipe)
 
 
 def rel_err(got, ref) -> float:

@@ -76,6 +76,22 @@ def capture(model: nn.Module, tokens: torch.Tensor, base, shapes, rows: int = RO
     return {s: v for s, v in samples.items() if v.grad is not None}
 
 
+def sample_model(make_model: Callable[[], nn.Module], train_tokens, micro: int, seq_len: int,
+                 base, shapes, device: torch.device) -> dict:
+    """`capture` on a freshly initialised model (`make_model()`, moved to `device`) fed the
+    first training sequences of `train_tokens` (a 1-D token array), as many as ROWS rows need
+    and at most the micro-batch; the RNG is left as it was."""
+    import numpy as np
+    n = min(micro, -(-ROWS // seq_len))
+    tokens = torch.as_tensor(np.asarray(train_tokens[:n * (seq_len + 1)], dtype=np.int64))
+    with torch.random.fork_rng(devices=[device] if device.type == "cuda" else []):
+        model = make_model().to(device)
+        try:
+            return capture(model, tokens.view(n, -1), base, shapes)
+        finally:
+            del model
+
+
 def _set_grad(sample: Sample, g: torch.Tensor, rows: int) -> None:
     sample.grad = g.detach().reshape(-1, g.shape[-1])[:rows].float()
 

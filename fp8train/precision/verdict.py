@@ -56,6 +56,11 @@ class Fp8Facts:
     timings: Optional[dict] = None      # shape -> (base s, fp8 s): fp8_layers auto timed them
     timed_tokens: Optional[int] = None  # the token count they were timed at
 
+    def verdict(self, flops_per_token: float, tokens_per_sec: Optional[float],
+                tokens_per_step: int, accum: int) -> Optional[dict]:
+        """summary.json's fp8_verdict for these facts (`verdict` below)."""
+        return verdict(self, flops_per_token, tokens_per_sec, tokens_per_step, accum)
+
 
 def linear_shape(mod) -> Optional[tuple]:
     """(in, out, bias) of a Linear as converted by any backend (nn.Linear subclasses, or

@@ -30,7 +30,7 @@ from ..data.loader import load_splits
 from ..data.tokenizers import build_tokenizer
 from ..data.windows import BatchStream, RandomWindows, check_batch_fits, val_batches
 from ..errors import BadInput
-from ..evaluate.evaluator import Evaluator
+from ..evaluate.evaluator import EvalRecord, Evaluator
 from ..evaluate.evaluator import missed as missed_eval
 from ..evaluate.hellaswag import HellaSwag
 from ..evaluate.samples import TextSampler
@@ -143,7 +143,7 @@ def build(cfg: Config, state, log: Logger, requests: StopRequests) -> Optional[R
     caller writes what ends the run into its train.log); `requests`: the stop signals."""
     from accelerate.utils import set_seed
 
-    written = written_plan(cfg, state.num_processes)
+    written = written_plan(section(cfg, "batch"), state.num_processes)
     run_dir, resume = run_directory(cfg)
     manager = CheckpointManager(run_dir, cfg.keep_checkpoints)
     checkpoint = open_run(cfg, run_dir, resume, manager, log)
@@ -178,7 +178,9 @@ def build(cfg: Config, state, log: Logger, requests: StopRequests) -> Optional[R
     # Same init everywhere (seeded above); from here on dropout masks differ per rank. A resume
     # then restores each rank's RNG state from the checkpoint.
     set_seed(cfg.seed + acc.process_index)
-    _restore(acc, manager, checkpoint, saved, train_state, prec, feed, log)
+    # What the components carry across a checkpoint, besides the counters: each owns its state.
+    components = {"precision": prec, "evaluator": EvalRecord(), "interval": net.health.carried}
+    _restore(acc, manager, checkpoint, saved, train_state, components, feed, log)
     derived = _derived(prec, acc, feed, mcfg, n_params, flops_per_token, log)
     derived.update(data=data_id, **batch.derived(), environment=environment(acc.num_processes))
     resolved = dataclasses.replace(cfg, output_dir=run_dir, resume=resume,
@@ -199,9 +201,10 @@ def build(cfg: Config, state, log: Logger, requests: StopRequests) -> Optional[R
     log.attach(tracker)
     checkpointer = Checkpointer(section(cfg, "checkpoint"), manager, acc, log, config_text,
                                 run_hash, resumed=checkpoint, model=net.prepared,
-                                optimizer=net.optimizer, components={"precision": prec})
+                                optimizer=net.optimizer, components=components)
     recovery = Recovery(section(cfg, "reliability"), checkpointer, acc, prec, net.health, log)
-    parts = Parts(_evaluator(cfg, acc, prec, splits.val, plan.micro, mcfg, log), checkpointer,
+    parts = Parts(_evaluator(cfg, acc, prec, splits.val, plan.micro, mcfg, log,
+                             components["evaluator"]), checkpointer,
                   recovery, Stopper(requests, cfg.max_hours, cfg.log_interval,
                                     acc.num_processes, acc.device),
                   Meter(cfg.log_interval, feed.tokens_per_step, plan.world, flops_per_token,
@@ -292,10 +295,10 @@ def _accelerator(cfg: Config, state, run_dir: str, log: Logger):
     # backends with state keep it in agreement themselves (TE and native reduce their amaxes).
     ddp = DistributedDataParallelKwargs(gradient_as_bucket_view=True, broadcast_buffers=False)
     acc = Accelerator(cpu=not torch.cuda.is_available(), step_scheduler_with_optimizer=False,
-                      log_with=Tracker.log_with(cfg), kwargs_handlers=[ddp],
+                      log_with=Tracker.log_with(section(cfg, "wandb")), kwargs_handlers=[ddp],
                       fsdp_plugin=fsdp2_plugin(prec.mixed_precision),
                       **prec.accelerator_kwargs())
-    check_distributed(cfg, acc.distributed_type)
+    check_distributed(section(cfg, "optimizer"), acc.distributed_type)
     n = acc.num_processes
     log.msg(f"fp8train: {cfg.source} -> {run_dir} ({n} process{'es' if n > 1 else ''}, "
             f"{threads.device_text(acc.device)}, {prec.name})")
@@ -351,16 +354,17 @@ def _net(cfg: Config, mcfg, prec: Precision, acc, batch: BatchDecision, saved: d
 
 
 def _restore(acc, manager: CheckpointManager, checkpoint, saved: dict, st: TrainState,
-             prec: Precision, feed: Feed, log: Logger) -> None:
-    """Load the checkpoint into the model, optimizer, RNG, `st` and the precision (its remedies
-    and hand-over); drop the rows logged after it (those steps are re-run)."""
+             components: dict, feed: Feed, log: Logger) -> None:
+    """Load the checkpoint into the model, optimizer, RNG, `st` and the `components` ({name:
+    state owner}: the precision's remedies and hand-over, the evaluator's record, the log
+    interval in progress); drop the rows logged after it (those steps are re-run)."""
     if checkpoint is None:
         if sum(log.truncate_after(0)):
             log.warn("metrics.jsonl held rows of an earlier run that left no checkpoint; "
                      "they were dropped")
         return
     try:
-        manager.restore(acc, checkpoint, st, {"precision": prec})
+        manager.restore(acc, checkpoint, st, components)
     except BadInput:
         raise
     except Exception as e:  # torch, safetensors and pickle each raise their own kinds
@@ -369,7 +373,7 @@ def _restore(acc, manager: CheckpointManager, checkpoint, saved: dict, st: Train
                           f"run's model or optimizer ({one_line(e)})") from None
     if st.rollbacks:
         log.msg(f"this run restored a checkpoint {st.rollbacks} time(s) after non-finite "
-                f"steps; precision now: {prec.describe()}")
+                f"steps; precision now: {components['precision'].describe()}")
     warn_schedule_change(saved, feed.lr_args, st.step, log.warn)
     dropped = log.truncate_after(st.step)[0]
     log.msg(f"resumed from {checkpoint} at step {st.step:,} ({st.tokens:,} tokens)"
@@ -396,11 +400,11 @@ def _derived(prec: Precision, acc, feed: Feed, mcfg, n_params: int, flops_per_to
 
 
 def _evaluator(cfg: Config, acc, prec: Precision, val_tokens, micro: int, mcfg,
-               log: Logger) -> Evaluator:
+               log: Logger, record: EvalRecord) -> Evaluator:
     ev = section(cfg, "eval")
     eval_set = val_batches(val_tokens, cfg.seq_len, ev.eval_sequences, micro, log.warn)
     samples = TextSampler(ev, cfg.tokenizer, cfg.seed, mcfg, prec, acc, log.warn) \
         if ev.eval_samples and cfg.dataset != "synthetic" else None  # no text to show
     hellaswag = HellaSwag(ev, build_tokenizer(cfg.tokenizer), mcfg, prec, acc) \
         if ev.hellaswag_interval else None
-    return Evaluator(ev, eval_set, acc, prec, log, samples, hellaswag)
+    return Evaluator(ev, eval_set, acc, prec, log, samples, hellaswag, record)

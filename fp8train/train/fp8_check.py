@@ -41,7 +41,8 @@ class LossGapCheck:
 
     def due(self, step: int) -> bool:
         """Whether optimizer step `step` (1-based, about to run) is checked."""
-        return bool(self.interval) and step % self.interval == 0 and not self.prec.disabled
+        return bool(self.interval) and step % self.interval == 0 and \
+            bool(self.prec.status().get("fp8_on"))
 
     def high_precision(self, loss_fn, x: torch.Tensor, y: torch.Tensor) -> None:
         """The first micro-batch's cross-entropy with FP8 off: `loss_fn(x, y)` returns (loss,
@@ -82,13 +83,10 @@ class LossGapCheck:
             self.warned = True
             return row
         how = "bf16" if self.raised else self.remedy
-        remedy = self.prec.recover(how)
+        remedy = self.prec.recover(how, why="for its loss gap (fp8_gap_action: recover)")
         self.raised = self.raised or (remedy or "").startswith("fp8_margin")
-        if self.prec.disabled:
-            self.prec.off_reason = "for its loss gap (fp8_gap_action: recover)"
         self.log.warn(f"{what}; {remedy}")
-        row["recovery/fp8_margin"] = self.prec.margin()
-        row["recovery/fp8_on"] = int(not self.prec.disabled)
+        row.update({f"recovery/{k}": v for k, v in self.prec.status().items()})
         return row
 
     def summary(self) -> dict:

@@ -12,10 +12,25 @@ import math
 
 import torch
 
+from ..checkpoint.train_state import Counters
+
+
+class IntervalCarry(Counters):
+    """The log interval a checkpoint between log steps was taken in, carried into the next row on
+    resume: its steps, skipped steps, and the ranks' mean loss sums and loss max."""
+
+    def __init__(self):
+        self.steps = 0
+        self.bad = 0
+        self.loss_sum = 0.0
+        self.penalty_sum = 0.0
+        self.loss_max = 0.0
+
 
 class Health:
     def __init__(self, device: torch.device, spike_factor: float):
         self.spike_factor = spike_factor
+        self.carried = IntervalCarry()   # a checkpoint's component "interval" (loop.py fills it)
         z = lambda: torch.zeros((), device=device)  # noqa: E731
         self.streak = z()         # consecutive bad steps up to now
         self.worst = z()          # the longest streak since the last reset

@@ -68,9 +68,10 @@ class Trainer:
 
     def fit(self) -> int:
         st, p, log = self.st, self.parts, self.log
-        if p.evaluator.target_done(st):
-            log.msg(f"nothing to do: target val/loss {st.target:g} was reached at step "
-                    f"{st.target_step:,} (stop_at_target: false trains on)")
+        if p.evaluator.target_done():
+            rec = p.evaluator.record
+            log.msg(f"nothing to do: target val/loss {rec.target:g} was reached at step "
+                    f"{rec.target_step:,} (stop_at_target: false trains on)")
             return 0   # the run's summary.json, written when it stopped there, stands
         total = self.feed.sched.total_steps
         stop_reason, at_target = None, False
@@ -127,11 +128,12 @@ class Trainer:
     def fp8_hand_over(self) -> None:
         """fp8_until: from its step on, the converted layers compute in the base precision
         (the switch the bf16 remedy uses); said once, and recorded for resume and the report."""
-        until, st, prec = self.feed.fp8_until_step, self.st, self.net.prec
-        if until is None or st.step < until or not prec.fp8 or prec.disabled:
+        until, st = self.feed.fp8_until_step, self.st
+        if until is None or st.step < until:
             return
-        what = prec.recover("until")
-        st.fp8_until_tokens = st.tokens
+        what = self.net.prec.hand_over(st.tokens)
+        if what is None:   # FP8 off already (a recovery, or the hand-over before a resume)
+            return
         self.log.msg(f"fp8_until: step {st.step:,} reached after {st.tokens:,} tokens in FP8; "
                      f"{what}")
         self.log.log({"step": st.step, "tokens": st.tokens, "fp8/on": 0})
@@ -145,32 +147,35 @@ class Trainer:
     def carry_in(self) -> None:
         """The log interval the checkpoint was taken in, carried on: the next row averages the
         same steps as it would have without the stop."""
-        st, h = self.st, self.net.health
-        if not st.interval_steps:
+        h = self.net.health
+        c = h.carried
+        if not c.steps:
             return
-        good = st.interval_steps - st.interval_bad
-        h.loss_sum.fill_(st.interval_loss_sum)
-        h.penalty_sum.fill_(st.interval_penalty_sum)
-        h.bad.fill_(st.interval_bad)
+        good = c.steps - c.bad
+        h.loss_sum.fill_(c.loss_sum)
+        h.penalty_sum.fill_(c.penalty_sum)
+        h.bad.fill_(c.bad)
         h.good.fill_(good)
-        h.loss_max.fill_(st.interval_loss_max if good else -math.inf)
-        self.parts.meter.carry(st.interval_steps)
+        h.loss_max.fill_(c.loss_max if good else -math.inf)
+        self.parts.meter.carry(c.steps)
 
     def carry_out(self) -> None:
-        """The log interval in progress, into the train state the checkpoint saves: its loss sums
-        are on the device, so a checkpoint between log steps costs one host sync."""
-        st, h, steps = self.st, self.net.health, self.parts.meter.pending
-        st.interval_steps, st.interval_bad = steps, 0
-        st.interval_loss_sum = st.interval_penalty_sum = st.interval_loss_max = 0.0
+        """The log interval in progress, into the state the checkpoint saves (the health's
+        `carried`): its loss sums are on the device, so a checkpoint between log steps costs
+        one host sync."""
+        h, steps = self.net.health, self.parts.meter.pending
+        c = h.carried
+        c.steps, c.bad = steps, 0
+        c.loss_sum = c.penalty_sum = c.loss_max = 0.0
         if not steps:
             return
         # The logged loss is the mean over ranks of each rank's mean: carrying the ranks' mean
         # sum gives the same number (exactly so on one process).
         vals = self.acc.reduce(torch.stack([h.loss_sum, h.penalty_sum, h.loss_max, h.bad]),
                                "mean").tolist()
-        st.interval_loss_sum, st.interval_penalty_sum = vals[0], vals[1]
-        st.interval_bad = int(vals[3])
-        st.interval_loss_max = vals[2] if math.isfinite(vals[2]) else 0.0
+        c.loss_sum, c.penalty_sum = vals[0], vals[1]
+        c.bad = int(vals[3])
+        c.loss_max = vals[2] if math.isfinite(vals[2]) else 0.0
 
     def train_step(self, watched: bool):
         """One optimizer step over this rank's micro-batches; returns its LR and gradient norm
@@ -315,7 +320,7 @@ class Trainer:
         device = self.acc.device
         peak_mem = torch.cuda.max_memory_allocated(device) / 1e9 \
             if device.type == "cuda" else None
-        report = summary.build(self.run.facts, st, self.net.prec.derived(), dict(
+        report = summary.build(self.run.facts, st, p.evaluator.record, self.net.prec, dict(
             status=status, exit_code=exit_code, final_val=p.evaluator.final,
             latest_checkpoint=p.checkpointer.latest(), peak_memory_gb=peak_mem,
             first_step_s=self.first_step_s, hellaswag=p.evaluator.hellaswag_final,
@@ -330,6 +335,5 @@ class Trainer:
         """What the FP8 verdict needs: the precision as it ended (a recovery may have switched
         FP8 off) and the converted layers' shapes, read from the model without its wrappers
         (DDP, torch.compile) so that the layer names match the selection's."""
-        from ..precision.verdict import facts_of
         model = self.acc.unwrap_model(self.net.model, keep_torch_compile=False)
-        return facts_of(self.net.prec, model)
+        return self.net.prec.report(model)

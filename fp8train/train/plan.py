@@ -20,7 +20,6 @@ import math
 from dataclasses import dataclass
 from typing import Optional
 
-import numpy as np
 import torch
 
 from ..batch.decide import BatchDecision, decide_batch, new_model
@@ -31,8 +30,7 @@ from ..errors import BadInput
 from ..observe.logger import Logger
 from ..optim.schedule import describe as describe_schedule
 from ..optim.schedule import fp8_until_step, scaled_lr
-from ..precision import Precision, build_precision
-from ..precision.choose import choose, is_auto
+from ..precision import Precision, build_precision, choose, sample_model
 
 
 @dataclass(frozen=True)
@@ -153,7 +151,7 @@ def _choose_fp8(cfg: Config, prec: Precision, acc, mcfg, batch: BatchDecision, w
     numerics checked on the model's own activations (the first micro-batch of `train_tokens`);
     a probed batch plan is probed again for the chosen backend's memory (the cache keys on
     it)."""
-    if not is_auto(cfg) or not prec.fp8:
+    if not prec.auto:
         return prec, batch
     prec.set_tokens(batch.plan.micro * cfg.seq_len, log.msg)
     with torch.device("meta"):   # the Linears' shapes, nothing allocated
@@ -162,17 +160,10 @@ def _choose_fp8(cfg: Config, prec: Precision, acc, mcfg, batch: BatchDecision, w
     def sample(wanted):
         """The model's own activations at each shape: a forward and backward of the freshly
         initialised model (activation checkpointing as the plan has it) on the first training
-        sequences, as many as the numerics keep rows of (8,192)."""
-        from ..precision.numerics import ROWS, capture
-        n = min(batch.plan.micro, -(-ROWS // cfg.seq_len))
-        tokens = torch.as_tensor(np.asarray(train_tokens[:n * (cfg.seq_len + 1)],
-                                            dtype=np.int64))
-        with torch.random.fork_rng(devices=[acc.device] if acc.device.type == "cuda" else []):
-            model = new_model(mcfg, batch.activation_checkpointing).to(acc.device)
-            try:
-                return capture(model, tokens.view(n, -1), prec.base, wanted)
-            finally:
-                del model
+        sequences."""
+        return sample_model(lambda: new_model(mcfg, batch.activation_checkpointing),
+                            train_tokens, batch.plan.micro, cfg.seq_len, prec.base, wanted,
+                            acc.device)
 
     # Under FSDP the whole model may not fit one GPU: the numerics take Gaussian noise there.
     sharded = acc.distributed_type == "FSDP"

@@ -64,7 +64,5 @@ class Recovery:
                       f"sequences drawn since that checkpoint")
         row = {"step": st.step, "tokens": st.tokens, "recovery/rollbacks": st.rollbacks,
                "recovery/detected_at_step": detected, "recovery/skipped_sequences": skipped_data}
-        if self.prec.fp8:
-            row["recovery/fp8_margin"] = self.prec.margin()
-            row["recovery/fp8_on"] = int(not self.prec.disabled)
+        row.update({f"recovery/{k}": v for k, v in self.prec.status().items()})
         self.log.log(row)

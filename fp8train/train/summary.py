@@ -6,29 +6,31 @@ from __future__ import annotations
 from ..observe.metrics import mfu
 
 
-def build(facts: dict, st, precision: dict, outcome: dict, fp8=None) -> dict:
+def build(facts: dict, st, record, prec, outcome: dict, fp8=None) -> dict:
     """`facts`: what the run decided at start (its derived values, model, target, peak FLOP/s);
-    `st`: the TrainState; `precision`: the precision's derived values now (a rollback may have
-    turned FP8 off); `outcome`: status, exit_code, final_val ((step, val/loss) of the last
-    evaluation), latest_checkpoint and peak_memory_gb; `fp8`: the precision's verdict facts
-    (precision/verdict.py's Fp8Facts; None: no verdict, as for a run without FP8)."""
+    `st`: the TrainState; `record`: the evaluator's (evaluator.EvalRecord); `prec`: the
+    precision as it ended (a rollback may have turned FP8 off); `outcome`: status, exit_code,
+    final_val ((step, val/loss) of the last evaluation), latest_checkpoint and peak_memory_gb;
+    `fp8`: the precision's verdict facts (its `report`; None: no verdict, as for a run without
+    FP8)."""
+    precision, handed_over = prec.derived(), prec.state_dict().get("handed_over_tokens")
     steady = st.steady_seconds > 0
     tok_s = st.steady_tokens / st.steady_seconds if steady else None
     target = facts["target_val_loss"]
-    met = target is not None and st.target_step is not None and st.target == target
-    best, final_val = st.best_val_loss, outcome["final_val"]
+    met = target is not None and record.target_step is not None and record.target == target
+    best, final_val = record.best_val_loss, outcome["final_val"]
     world = facts["world_size"]
     return {
         "status": outcome["status"], "exit_code": outcome["exit_code"],
         "steps": st.step, "total_steps": facts["total_steps"], "tokens": st.tokens,
         "final_val_loss": final_val[1] if final_val else None,
         "final_val_step": final_val[0] if final_val else None,
-        "best_val_loss": best, "best_val_step": st.best_val_step,
+        "best_val_loss": best, "best_val_step": record.best_val_step,
         "target_val_loss": target,
         "target_met": met if target is not None else None,
-        "time_to_target_s": st.time_to_target_s if met else None,
-        "tokens_to_target": st.tokens_to_target if met else None,
-        "step_at_target": st.target_step if met else None,
+        "time_to_target_s": record.time_to_target_s if met else None,
+        "tokens_to_target": record.tokens_to_target if met else None,
+        "step_at_target": record.target_step if met else None,
         "target_gap": (best - target) if target is not None and not met and best is not None
         else None,
         "wall_time_s": st.wall_seconds,
@@ -46,9 +48,8 @@ def build(facts: dict, st, precision: dict, outcome: dict, fp8=None) -> dict:
         "precision": precision.get("precision"), "fp8": precision.get("fp8"),
         "fp8_layers_converted": precision.get("fp8_layers", 0),
         # fp8_until: the tokens trained in FP8 and, after the hand-over, in the base precision
-        "tokens_fp8": st.fp8_until_tokens,
-        "tokens_after_fp8": None if st.fp8_until_tokens is None
-        else st.tokens - st.fp8_until_tokens,
+        "tokens_fp8": handed_over,
+        "tokens_after_fp8": None if handed_over is None else st.tokens - handed_over,
         # fp8_check_interval: checks, last, mean and largest FP8 - high-precision loss
         "fp8_loss_gap": outcome.get("fp8_loss_gap"),
         # fp8_recipe / fp8_backend auto: the recipe chosen and the table behind it
@@ -67,9 +68,8 @@ def _fp8_verdict(fp8, facts: dict, tok_s):
     """What FP8 bought this run (precision/verdict.py), from its steady-state step time."""
     if fp8 is None:
         return None
-    from ..precision.verdict import verdict
-    return verdict(fp8, facts["flops_per_token"], tok_s, facts["tokens_per_step"],
-                   facts["gradient_accumulation_steps"])
+    return fp8.verdict(facts["flops_per_token"], tok_s, facts["tokens_per_step"],
+                       facts["gradient_accumulation_steps"])
 
 
 def describe(s: dict) -> list[str]:
@@ -115,5 +115,5 @@ def describe(s: dict) -> list[str]:
             if s["target_met"] else
             f"summary: target val/loss {t:g} NOT met: best {num(s['best_val_loss'], '.4f')}, "
             f"gap {num(s['target_gap'], '.4f')}")
-    from ..precision.verdict import describe as fp8_lines
-    return lines + fp8_lines(s.get("fp8_verdict"))
+    from ..precision import verdict_lines
+    return lines + verdict_lines(s.get("fp8_verdict"))

@@ -212,15 +212,34 @@ def test_train_state_round_trips_through_json_exactly():
     import json
 
     from fp8train.checkpoint.train_state import TrainState
+    from fp8train.evaluate.evaluator import EvalRecord
     st = TrainState()
-    st.step, st.tokens, st.data_position, st.fp8_until_tokens = 7, 7168, 112, 5120
-    st.train_seconds, st.best_val_loss, st.best_val_step = 0.1 + 0.2, 3.866330146789551, 6
+    st.step, st.tokens, st.data_position, st.train_seconds = 7, 7168, 112, 0.1 + 0.2
     back = TrainState.from_dict(json.loads(json.dumps(st.to_dict())))
     assert back.to_dict() == st.to_dict() and back.train_seconds == 0.1 + 0.2
     assert TrainState.from_dict({"step": 3}).to_dict() == {**TrainState().to_dict(), "step": 3}
-    for bad in ({"step": 1.5}, {"step": True}, {"rollbacks": 1.0}, {"best_val_loss": "x"}, [1]):
+    for bad in ({"step": 1.5}, {"step": True}, {"rollbacks": 1.0}, [1]):
         with pytest.raises(ValueError):
             TrainState.from_dict(bad)
+    rec = EvalRecord()
+    rec.best_val_loss, rec.best_val_step = 3.866330146789551, 6
+    back = EvalRecord()
+    back.load_state_dict(json.loads(json.dumps(rec.state_dict())))
+    assert back.state_dict() == rec.state_dict()
+    with pytest.raises(ValueError):
+        back.load_state_dict({"best_val_loss": "x", "best_val_step": 9})
+    assert back.state_dict() == rec.state_dict()   # a bad value sets nothing
+
+
+def test_the_train_state_holds_counters_only():
+    """Every value of TrainState is a count, a token or data position, or a time: what a
+    component decides (the evaluator's best loss and target, the precision's remedies, the log
+    interval in progress) is that component's state."""
+    from fp8train.checkpoint.train_state import TrainState
+    assert set(TrainState().to_dict()) == {
+        "step", "tokens", "data_position", "train_seconds", "skipped_steps", "rollbacks",
+        "wall_seconds", "steady_tokens", "steady_seconds", "checkpoints_written"}
+    assert all(type(v) in (int, float) for v in TrainState().to_dict().values())
 
 
 def test_save_writes_in_four_phases_and_restore_reads_the_json(tmp_path, monkeypatch):
@@ -316,8 +335,42 @@ def test_a_checkpoint_of_the_previous_format_resumes_its_precisions_remedies(tmp
     m.restore(acc, path, fresh, {"precision": prec})
     assert (fresh.step, fresh.tokens, fresh.rollbacks) == (9, 9000, 2)
     assert prec.state_dict() == dict(margin_added=2, off=True, handed_over=False,
+                                     handed_over_tokens=None,
                                      off_reason="for its loss gap (fp8_gap_action: recover)")
     assert prec.margin() == 3 and "switched off for its loss gap" in prec.derived()["fp8"]
+
+
+def test_a_checkpoint_whose_counters_held_the_evaluator_and_interval_resumes_them(tmp_path):
+    """train_state.json as the release before this one wrote it: the precision's remedies under
+    `components`, but the evaluator's record (best_val_*, target*), the log interval in
+    progress (interval_*) and fp8_until's hand-over (fp8_until_tokens) as counters. Each
+    component gets its own back, and the counters keep theirs."""
+    import json
+    from pathlib import Path
+
+    from fp8train.checkpoint.files import TRAIN_STATE
+    from fp8train.checkpoint.train_state import TrainState
+    from fp8train.evaluate.evaluator import EvalRecord
+    from fp8train.train.health import IntervalCarry
+    m = CheckpointManager(str(tmp_path), keep=3)
+    acc, st = _OneProcess(), TrainState()
+    st.step, st.tokens = 12, 6144
+    path = m.save(acc, st, "", {})
+    old = {**st.to_dict(), "fp8_until_tokens": 5120, "best_val_loss": 3.5, "best_val_step": 10,
+           "target": 3.6, "target_step": 10, "time_to_target_s": 1.5, "tokens_to_target": 5120,
+           "interval_steps": 2, "interval_bad": 1, "interval_loss_sum": 3.25,
+           "interval_penalty_sum": 0.0, "interval_loss_max": 3.25,
+           "components": {"precision": {"margin_added": 0, "off": True, "handed_over": True,
+                                        "off_reason": "after non-finite steps (fp8_recovery)"}}}
+    (Path(path) / TRAIN_STATE).write_text(json.dumps(old, indent=1, sort_keys=True))
+    fresh, prec, rec, carry = TrainState(), _Remedies(), EvalRecord(), IntervalCarry()
+    m.restore(acc, path, fresh, {"precision": prec, "evaluator": rec, "interval": carry})
+    assert fresh.to_dict() == st.to_dict()
+    assert prec.state["handed_over_tokens"] == 5120 and prec.state["handed_over"] is True
+    assert rec.state_dict() == dict(best_val_loss=3.5, best_val_step=10, target=3.6,
+                                    target_step=10, time_to_target_s=1.5, tokens_to_target=5120)
+    assert carry.state_dict() == dict(steps=2, bad=1, loss_sum=3.25, penalty_sum=0.0,
+                                      loss_max=3.25)
 
 
 def test_restore_refuses_another_format_before_loading_anything(tmp_path):

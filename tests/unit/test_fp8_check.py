@@ -127,6 +127,7 @@ def test_recover_raises_the_margin_then_switches_fp8_off_if_the_gap_stays():
         [(False, None), (True, 1), (False, None), (True, 0)]
     assert "fp8_margin 0 -> 1" in log.warnings[0] and "FP8 switched off" in log.warnings[1]
     assert prec.state_dict() == dict(margin_added=1, off=True, handed_over=False,
+                                     handed_over_tokens=None,
                                      off_reason="for its loss gap (fp8_gap_action: recover)")
     assert "switched off for its loss gap" in prec.derived()["fp8"]
     assert not check.due(5)

@@ -11,6 +11,7 @@ import torch
 from support.runs import ROOT
 
 from fp8train.checkpoint.train_state import TrainState
+from fp8train.evaluate.evaluator import EvalRecord
 from fp8train.config.load import Config
 from fp8train.model import GPT, model_config_from
 from fp8train.train import summary
@@ -139,6 +140,19 @@ def test_facts_of_a_real_model_count_flops_as_mfu_does_and_keep_the_policy_timin
     assert v["step"]["expected_speedup"] == pytest.approx(1.008)
 
 
+class _Ended:
+    """A precision as a run ends: what it derived, and its state (fp8_until's hand-over)."""
+
+    def __init__(self, state=None, **derived):
+        self._state, self._derived = dict(state or {}), derived
+
+    def derived(self):
+        return dict(self._derived)
+
+    def state_dict(self):
+        return dict(self._state)
+
+
 def _state(steady_tokens=40_960, steady_seconds=0.4):
     st = TrainState()
     st.step, st.tokens, st.train_seconds, st.wall_seconds = 10, 40_960, 0.5, 0.6
@@ -156,14 +170,17 @@ OUTCOME = dict(status="completed", exit_code=0, final_val=(10, 3.0), latest_chec
 def test_summary_adds_the_verdict_and_its_lines_and_keeps_its_keys():
     """summary.build from the run's steady state: 40,960 tokens in 0.4 s = 102,400 tokens/s,
     the 40 ms step of the hand-checked case above."""
-    plain = summary.build(FACTS, _state(), {"precision": "bf16", "fp8": "off"}, OUTCOME)
-    assert plain["fp8_verdict"] is None
+    plain = summary.build(FACTS, _state(), EvalRecord(), _Ended(precision="bf16", fp8="off"),
+                          OUTCOME)
+    assert plain["fp8_verdict"] is None and plain["tokens_fp8"] is None
     assert not any("FP8" in line for line in summary.describe(plain))
-    s = summary.build(FACTS, _state(), {"precision": "bf16", "fp8": "te", "fp8_layers": 3},
-                      OUTCOME, fp8=timed_facts())
+    s = summary.build(FACTS, _state(), EvalRecord(),
+                      _Ended(dict(handed_over_tokens=32_768), precision="bf16", fp8="te",
+                             fp8_layers=3), OUTCOME, fp8=timed_facts())
     assert set(s) == set(plain)
     assert s["tokens_per_sec"] == pytest.approx(102_400.0)
     assert s["fp8_verdict"]["step"]["expected_speedup"] == pytest.approx(1.15)
+    assert (s["tokens_fp8"], s["tokens_after_fp8"]) == (32_768, 40_960 - 32_768)
     json.dumps(s)   # summary.json takes it as it is
     assert any(line.startswith("summary: FP8 expected step speed-up ≈ 1.15×")
                for line in summary.describe(s))

@@ -157,6 +157,129 @@ def test_modules_import_only_each_others_public_names():
     assert private_imports(PACKAGE.rglob("*.py")) == []
 
 
+def names_taken_from(folder: str, graph_modules: dict) -> dict:
+    """{(importing module, the module it names): [names]} of every `from ... import` in a
+    module outside fp8train/<folder>/ that reaches into it."""
+    inside = f"fp8train.{folder}"
+    found = {}
+    for name, path in graph_modules.items():
+        if name == inside or name.startswith(inside + "."):
+            continue
+        package = name if path.name == "__init__.py" else name.rpartition(".")[0]
+        for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"))):
+            if not isinstance(node, ast.ImportFrom):
+                continue
+            if node.level:
+                base = package.split(".")
+                target = ".".join(base[:len(base) - node.level + 1] +
+                                  ([node.module] if node.module else []))
+            else:
+                target = node.module or ""
+            if target == inside or target.startswith(inside + "."):
+                found.setdefault((name, target), []).extend(a.name for a in node.names)
+    return found
+
+
+# The FP8 boundary: what the rest of the package may take from precision/ (its __init__'s
+# __all__), at most this many names. Everything else goes through a Precision's verbs.
+MAX_PRECISION_NAMES = 10
+
+
+def test_the_rest_of_the_package_takes_only_precisions_public_face():
+    """Outside precision/, every import from it names the package itself (not one of its
+    modules) and only names in its __all__, of which there are at most MAX_PRECISION_NAMES."""
+    import fp8train.precision as precision
+    taken = names_taken_from("precision", MODULES)
+    assert {target for _, target in taken} == {"fp8train.precision"}, taken
+    used = {n for names in taken.values() for n in names}
+    assert used <= set(precision.__all__), used - set(precision.__all__)
+    assert len(precision.__all__) <= MAX_PRECISION_NAMES
+    print(f"names of precision/ imported outside it: {len(used)} ({', '.join(sorted(used))})")
+
+
+def test_the_boundary_check_sees_an_import_from_a_module_inside(tmp_path):
+    (tmp_path / "a.py").write_text("from ..precision.ao import TorchAO\n")
+    (tmp_path / "b.py").write_text("def f():\n    from ..precision import choose\n")
+    found = names_taken_from("precision", {"fp8train.train.a": tmp_path / "a.py",
+                                           "fp8train.train.b": tmp_path / "b.py"})
+    assert found == {("fp8train.train.a", "fp8train.precision.ao"): ["TorchAO"],
+                     ("fp8train.train.b", "fp8train.precision"): ["choose"]}
+
+
+def config_handovers(modules: dict) -> list:
+    """Calls from one folder to a function of another that hand it the whole config (an
+    argument named `cfg`, `*_cfg` or `config`, or `<x>.cfg`) or one section of it
+    (`section(cfg, "<group>")`): (calling module, line, callee's folder, "config" or the group).
+    Calls into config/ and errors.py do not count: they are where the config comes from."""
+    found = []
+    for name, path in modules.items():
+        here = unit_of(name)
+        package = name if path.name == "__init__.py" else name.rpartition(".")[0]
+        tree = ast.parse(path.read_text(encoding="utf-8"))
+        imported = {}
+        for node in ast.walk(tree):
+            if isinstance(node, ast.ImportFrom):
+                base = package.split(".")
+                target = ".".join(base[:len(base) - node.level + 1] +
+                                  ([node.module] if node.module else [])) if node.level \
+                    else node.module or ""
+                if target.startswith("fp8train"):
+                    imported.update({a.asname or a.name: target for a in node.names})
+        for node in ast.walk(tree):
+            if not isinstance(node, ast.Call):
+                continue
+            head = node.func
+            while isinstance(head, ast.Attribute):
+                head = head.value
+            there = unit_of(imported.get(getattr(head, "id", None), "fp8train"))
+            if there in (here, "", "config", "errors"):
+                continue
+            for arg in [*node.args, *(k.value for k in node.keywords)]:
+                what = _config_argument(arg)
+                if what:
+                    found.append((name, node.lineno, there, what))
+    return found
+
+
+def _config_argument(arg) -> "str | None":
+    if isinstance(arg, ast.Name) and ((arg.id.endswith("cfg") and arg.id != "mcfg") or
+                                      arg.id == "config"):
+        return "config"
+    if isinstance(arg, ast.Attribute) and arg.attr == "cfg":
+        return "config"
+    if isinstance(arg, ast.Call) and getattr(arg.func, "id", None) == "section" and \
+            len(arg.args) == 2 and isinstance(arg.args[1], ast.Constant):
+        return arg.args[1].value
+    return None
+
+
+# Folder crossings of a key at start-up: the whole config, or the key's section, handed from
+# one folder to another. Measured with config_handovers: 20 whole-config handovers before the
+# run plan and the sections (fp8_recipe crossed 20 times, batch_size 20), 8 after.
+MAX_CROSSINGS = {"fp8_recipe": 10, "batch_size": 10}
+
+
+def test_fp8_recipe_and_batch_size_cross_few_folders():
+    from fp8train.config.schema import key_fields
+    group = {f.name: f.metadata["group"] for f in key_fields()}
+    handovers = config_handovers(MODULES)
+    for key, most in MAX_CROSSINGS.items():
+        crossing = [h for h in handovers if h[3] in ("config", group[key])]
+        print(f"{key} crosses folders {len(crossing)} times: " +
+              ", ".join(f"{m.split('.', 1)[1]}:{line} -> {there}" for m, line, there, _ in crossing))
+        assert len(crossing) <= most, crossing
+
+
+def test_the_crossing_count_sees_the_config_and_its_sections(tmp_path):
+    (tmp_path / "a.py").write_text(
+        "from ..batch.decide import written_plan\nfrom ..config.load import section\n"
+        "def f(cfg, trial_cfg):\n    written_plan(cfg, 1)\n    written_plan(trial_cfg)\n"
+        "    written_plan(section(cfg, 'batch'))\n    section(cfg, 'eval')\n")
+    assert config_handovers({"fp8train.train.a": tmp_path / "a.py"}) == [
+        ("fp8train.train.a", 4, "batch", "config"), ("fp8train.train.a", 5, "batch", "config"),
+        ("fp8train.train.a", 6, "batch", "batch")]
+
+
 def test_config_imports_nothing_of_the_package_but_errors():
     for name, deps in GRAPH.items():
         if name.startswith("fp8train.config"):
