@@ -228,8 +228,10 @@ class Progress:
     that start-up, compilation and warm-up (and a resume's short first interval) do not count
     as the speed of the steps to come."""
 
-    def __init__(self, log: Logger, total: int, initial: int, mfu_label: str = ""):
-        self.log, self.total, self.initial = log, total, initial
+    def __init__(self, log: Logger, total: int, initial: int, mfu_label: str = "",
+                 clock=time.time):
+        """`clock()`: seconds (time.time), for the ETA."""
+        self.log, self.total, self.initial, self.clock = log, total, initial, clock
         self.mfu_label = mfu_label   # under FP8 the MFU is against the bf16 peak: said here
         self.bar = None
         self.t_first = None     # when this process's first step ended
@@ -240,7 +242,7 @@ class Progress:
     def first_step(self, step: int, seconds: float, next_row: "int | None") -> None:
         """The first step of this process is done, in `seconds` (with start-up and warm-up);
         `next_row`: the step of the first row, or None when this step is one."""
-        self.t_first, self.prev = time.time(), step
+        self.t_first, self.prev = self.clock(), step
         if self.log.is_main and sys.stdout.isatty():
             from tqdm.auto import tqdm
             self.bar = tqdm(total=self.total, initial=step, unit="step", dynamic_ncols=True)
@@ -263,7 +265,7 @@ class Progress:
         self.prev = step
         eta = "?"   # no step timed after the first one yet
         if self.t_first is not None and self.counted:
-            eta = hms((time.time() - self.t_first) / self.counted * (self.total - step))
+            eta = hms((self.clock() - self.t_first) / self.counted * (self.total - step))
         line = f"step {step:,}/{self.total:,} | {stats} | ETA {eta}"
         if self.bar is not None:  # the bar shows step, total and ETA itself
             self.bar.n = step

@@ -88,18 +88,19 @@ class TrainClock:
     tokens/s and MFU describe training alone. Pausing waits for queued GPU work first (once per
     eval or checkpoint, never in the hot loop) so that it is billed to training."""
 
-    def __init__(self, device):
-        self.device = device
-        self.banked, self.t0 = 0.0, time.perf_counter()
+    def __init__(self, device, clock=time.perf_counter):
+        """`clock()`: seconds, monotonic (time.perf_counter)."""
+        self.device, self.clock = device, clock
+        self.banked, self.t0 = 0.0, clock()
 
     def pause(self) -> None:
         if self.device.type == "cuda":
             import torch
             torch.cuda.synchronize(self.device)
-        self.banked += time.perf_counter() - self.t0
+        self.banked += self.clock() - self.t0
 
     def resume(self) -> None:
-        self.t0 = time.perf_counter()
+        self.t0 = self.clock()
 
     def collect(self) -> float:
         """While paused: the training seconds not yet taken, handed over (the run is ending)."""
@@ -108,7 +109,7 @@ class TrainClock:
 
     def take(self) -> float:
         """Training seconds since the last take(); call after a host sync."""
-        now = time.perf_counter()
+        now = self.clock()
         elapsed, self.banked, self.t0 = self.banked + now - self.t0, 0.0, now
         return elapsed
 
@@ -168,12 +169,13 @@ class Meter:
     interval (compilation, warm-up) is left out of the steady-state totals the summary uses."""
 
     def __init__(self, log_interval: int, tokens_per_step: int, world: int,
-                 flops_per_token: float, device):
+                 flops_per_token: float, device, clock=time.perf_counter):
+        """`clock()`: the training clock's seconds (TrainClock)."""
         self.log_interval = log_interval
         self.tokens_per_step, self.world, self.device = tokens_per_step, world, device
         self.flops_per_token = flops_per_token
         self.peak = peak_flops(device_name(device)) if device.type == "cuda" else None
-        self.clock = TrainClock(device)
+        self.clock = TrainClock(device, clock)
         self.steps, self.data_wait, self.first = 0, 0.0, True
         self.untimed = 0      # steps of this interval whose time went to train_seconds only
         self.carried = 0      # steps of this interval taken before the checkpoint resumed here

@@ -82,3 +82,17 @@ def tiny_args(output_dir, **overrides):
               log_interval=4, eval_interval=6, checkpoint_interval=6, eval_sequences=32)
     kw.update(overrides)
     return [f"--{k}={v}" for k, v in kw.items()]
+
+
+class FakeClock:
+    """A clock the test moves by hand (`advance`), for what takes a `clock()` of seconds: time
+    measured without sleeping."""
+
+    def __init__(self, start: float = 1000.0):
+        self.now = start
+
+    def advance(self, seconds: float) -> None:
+        self.now += seconds
+
+    def __call__(self) -> float:
+        return self.now

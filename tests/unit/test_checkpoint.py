@@ -99,20 +99,21 @@ def test_a_key_inert_in_both_runs_is_no_change_on_resume(tmp_path):
 
 
 def test_train_clock_excludes_paused_time():
-    import time
-
     import torch
 
-    from fp8train.observe.metrics import TrainClock as _TrainClock
-    clock = _TrainClock(torch.device("cpu"))
-    time.sleep(0.05)
+    from support.runs import FakeClock
+
+    from fp8train.observe.metrics import TrainClock
+    now = FakeClock()
+    clock = TrainClock(torch.device("cpu"), clock=now)
+    now.advance(0.05)
     clock.pause()
-    time.sleep(0.3)  # an evaluation or a checkpoint
+    now.advance(0.3)  # an evaluation or a checkpoint
     clock.resume()
-    time.sleep(0.05)
-    took = clock.take()
-    assert 0.09 <= took < 0.25
-    assert clock.take() < 0.05  # take() starts a new interval
+    now.advance(0.05)
+    assert clock.take() == pytest.approx(0.1)
+    now.advance(0.02)
+    assert clock.take() == pytest.approx(0.02)  # take() starts a new interval
 
 
 def test_manifest_verification_catches_every_kind_of_damage(tmp_path):

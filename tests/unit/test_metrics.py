@@ -78,43 +78,46 @@ def test_the_eta_is_measured_after_the_first_step(capsys):
     steps took 0.1 s each: the ETA is 45 steps at 0.1 s, not at the pace start-up suggests
     (about 30 s, from the time since start over the steps since)."""
     import re
-    import time
+
+    from support.runs import FakeClock
 
     from fp8train.observe.logger import Logger, Progress
-    progress = Progress(Logger(is_main=True), total=100, initial=50)
-    time.sleep(3.0)                           # start-up, compilation, the first step
+    now = FakeClock()
+    progress = Progress(Logger(is_main=True), total=100, initial=50, clock=now)
+    now.advance(3.0)                          # start-up, compilation, the first step
     progress.first_step(51, 3.0, next_row=60)
-    time.sleep(0.4)                           # steps 52-55
+    now.advance(0.4)                          # steps 52-55
     progress.update(55, {"train/loss": 3.0, "train/lr": 1e-3, "train/grad_norm": 1.0,
                          "train/tokens_per_sec": 1000.0, "train/step_time": 0.1})
     out = capsys.readouterr().out
     assert "step 51/100 | first step 3.0 s (start-up and warm-up included) | loss from step 60" \
         in out
     h, m, s = map(int, re.search(r"step 55/100 .* ETA (\d+):(\d+):(\d+)", out).groups())
-    assert 3 <= 3600 * h + 60 * m + s <= 12, out
+    assert 3600 * h + 60 * m + s == 4, out   # 45 steps at 0.1 s
 
 
 def test_the_first_row_times_the_steps_after_the_first():
     """The process's first step (compilation, warm-up) is training time but not the first row's
     speed: on an H200, llama-1b's first row said 2,392 tokens/s (3,425 ms/step) where the steps
     after it ran at 117 ms, because its 33 s compile was averaged in."""
-    import time
-
     import torch
+
+    from support.runs import FakeClock
 
     from fp8train.checkpoint.train_state import TrainState
     from fp8train.observe.metrics import Meter
-    st, meter = TrainState(), Meter(5, 1000, 1, 0.0, torch.device("cpu"))
+    now = FakeClock()
+    st, meter = TrainState(), Meter(5, 1000, 1, 0.0, torch.device("cpu"), clock=now)
     meter.start()
-    time.sleep(1.0)                 # step 1: the compile
+    now.advance(1.0)                # step 1: the compile
     meter.stepped()
     meter.set_aside(st)
     for _ in range(4):              # steps 2-5
-        time.sleep(0.05)
+        now.advance(0.05)
         meter.stepped()
     row = meter.row(st, 1.0, 0.0, 1e-3, 1.0)
-    assert 0.05 <= row["train/step_time"] < 0.15          # not (1.0 + 4 · 0.05) / 5 = 0.24
-    assert row["train/tokens_per_sec"] == pytest.approx(4000 / (4 * row["train/step_time"]))
-    assert st.train_seconds >= 1.2                          # every second counts as training
+    assert row["train/step_time"] == pytest.approx(0.05)   # not (1.0 + 4 · 0.05) / 5 = 0.24
+    assert row["train/tokens_per_sec"] == pytest.approx(4000 / 0.2)
+    assert st.train_seconds == pytest.approx(1.2)           # every second counts as training
     assert meter.last_steps == 5                            # the row's losses cover steps 1-5
     assert st.steady_tokens == 0                            # the first row stays out of it
