@@ -55,7 +55,7 @@ FSDP_SKIP = textwrap.dedent("""
             opt.step()
         opt.zero_grad(set_to_none=True)
         after = [p.full_tensor() for p in model.parameters()]
-        changed.append(any(not torch.equal(a, b) for a, b in zip(before, after)))
+        changed.append(any(not torch.equal(a, b) for a, b in zip(before, after, strict=True)))
     out = dict(rank=dist.get_rank(), norm_type=type(norm).__name__, changed=changed,
                interval=health.interval().tolist())
     with open(f"{sys.argv[2]}/rank{dist.get_rank()}.json", "w") as fh:

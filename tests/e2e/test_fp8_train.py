@@ -102,7 +102,7 @@ def test_fp8_losses_track_fp32(tmp_path):
     assert len(curves["fp32"]) == 4
     assert curves["fp32"][-1] < curves["fp32"][0] - 1.5  # it does learn
     for name in curves.keys() - {"fp32"}:
-        for a, b in zip(curves[name], curves["fp32"]):
+        for a, b in zip(curves[name], curves["fp32"], strict=True):
             assert a == pytest.approx(b, rel=0.03), (name, curves[name], curves["fp32"])
         assert vals[name] == pytest.approx(vals["fp32"], rel=0.015), (name, vals)
         assert curves[name] != curves["fp32"]  # and it really ran in FP8
@@ -261,7 +261,7 @@ def test_native_fp8_under_torch_compile(tmp_path):
     r = run_train(*tiny_args(b), *fp8, "--compile")
     assert r.returncode == 0, r.stderr[-2000:]
     assert "recompile_limit" not in r.stderr
-    for x, y in zip(train_rows(a), train_rows(b)):
+    for x, y in zip(train_rows(a), train_rows(b), strict=True):
         assert x["train/loss"] == pytest.approx(y["train/loss"], rel=1e-2)
 
 
@@ -289,5 +289,5 @@ def test_native_fp8_under_ddp_with_two_processes(tmp_path):
     assert r.stdout.count("FP8: converted 8/8") == 1  # rank 0 alone prints
     a, b = train_rows(one), train_rows(two)
     assert len(a) == len(b) == 3 and all("fp8/fwd_scale" in x for x in b)
-    for x, y in zip(a, b):
+    for x, y in zip(a, b, strict=True):
         assert x["train/loss"] == pytest.approx(y["train/loss"], rel=0.02)

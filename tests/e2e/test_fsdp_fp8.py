@@ -71,7 +71,7 @@ def test_the_all_gather_carries_fp8_weights(fsdp_runs):
         fp8, fp32 = rank["fp8"]["gathers"], rank["fp32"]["gathers"]
         weights = rank["fp8"]["fp8_weight_elements_per_block"]   # per rank: a shard
         assert len(fp8) == len(fp32)
-        saved = [b32 - b8 for b8, b32 in zip(fp8, fp32)]
+        saved = [b32 - b8 for b8, b32 in zip(fp8, fp32, strict=True)]
         assert set(saved) == {0, 3 * weights}, (fp8, fp32)
         # Each of the 2 Blocks is gathered at least in forward and in backward, every step.
         assert saved.count(3 * weights) >= 2 * 2 * STEPS

@@ -143,7 +143,7 @@ def test_lr_plot_shows_the_whole_schedule_from_step_0_and_marks_the_resume(runs)
     assert ys[0] == 0 and ys[1:] == pytest.approx([lr_at(s, **kw) for s in range(12)])
     (logged,) = labelled(ax, "train/lr (logged)")
     assert min(logged.get_xdata()) == 4   # the first logged step: the warmup is not in the log
-    for x, y in zip(logged.get_xdata(), logged.get_ydata()):
+    for x, y in zip(logged.get_xdata(), logged.get_ydata(), strict=True):
         assert y == pytest.approx(ys[xs.index(x)])   # each logged LR lies on the schedule
     (resume,) = labelled(ax, mod.RESUMED_LABEL)
     assert list(resume.get_xdata()) == [1, 1]

@@ -55,7 +55,7 @@ def decode_docs(tokens, eot, decode):
     """Split the stream at EOT (which precedes every document) and decode each piece."""
     cuts = np.nonzero(tokens == eot)[0]
     assert cuts[0] == 0
-    return [decode(tokens[a + 1:b]) for a, b in zip(cuts, list(cuts[1:]) + [len(tokens)])]
+    return [decode(tokens[a + 1:b]) for a, b in zip(cuts, list(cuts[1:]) + [len(tokens)], strict=True)]
 
 
 @pytest.mark.parametrize("streaming", [False, True])

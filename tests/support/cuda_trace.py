@@ -166,7 +166,7 @@ def is_col_major(t: torch.Tensor) -> bool:
 def is_dense(t: torch.Tensor) -> bool:
     """Non-overlapping and dense: some permutation of t is contiguous."""
     expected = 1
-    for size, stride in sorted(zip(t.shape, t.stride()), key=lambda d: d[1]):
+    for size, stride in sorted(zip(t.shape, t.stride(), strict=True), key=lambda d: d[1]):
         if size != 1 and stride != expected:
             return False
         expected *= size

@@ -26,7 +26,7 @@ def test_a_skipped_step_leaves_parameters_and_adam_untouched():
     adam = {k: v.clone() for k, v in opt.state[model.weight].items()}
     step(float("nan"))
     step(float("inf"))
-    assert all(torch.equal(a, b) for a, b in zip(before, model.parameters()))
+    assert all(torch.equal(a, b) for a, b in zip(before, model.parameters(), strict=True))
     assert all(torch.equal(adam[k], opt.state[model.weight][k]) for k in adam)  # step count too
     assert health.worst.item() == 2 and health.in_streak()
     step(1.0)

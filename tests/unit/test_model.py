@@ -81,7 +81,7 @@ def test_activation_checkpointing_gives_the_same_gradients():
         m.activation_checkpointing = ac
         m(x).float().pow(2).mean().backward()
         grads.append([p.grad.clone() for p in m.parameters()])
-    for a, b in zip(*grads):
+    for a, b in zip(*grads, strict=True):
         torch.testing.assert_close(a, b)
 
 
@@ -108,10 +108,10 @@ def test_given_targets_the_model_returns_the_loss_of_its_logits(penalty):
     x, y = torch.randint(0, 256, (2, 32)), torch.randint(0, 256, (2, 32))
     got = m(x, y, penalty_type=penalty[0], penalty_weight=penalty[1])
     want = lm_loss(m(x), y, *penalty)
-    assert all(torch.equal(a, b) for a, b in zip(got, want))
+    assert all(torch.equal(a, b) for a, b in zip(got, want, strict=True))
     got[0].backward()
     grads = [p.grad.clone() for p in m.parameters()]
     m.zero_grad()
     want[0].backward()
-    assert all(torch.equal(a, p.grad) for a, p in zip(grads, m.parameters()))
+    assert all(torch.equal(a, p.grad) for a, p in zip(grads, m.parameters(), strict=True))
 

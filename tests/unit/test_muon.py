@@ -66,7 +66,7 @@ def test_a_fused_matrix_is_updated_as_its_parts_would_be_alone():
     state_b: dict = {p: {} for p in alone}
     for _ in range(3):
         fused.grad = torch.randn(96, 32)
-        for p, g in zip(alone, fused.grad.split([64, 16, 16])):
+        for p, g in zip(alone, fused.grad.split([64, 16, 16]), strict=True):
             p.grad = g.clone()
         split.step(dict(group, params=[fused]), state_a, None, None)
         separate.step(dict(group, params=alone), state_b, None, None)

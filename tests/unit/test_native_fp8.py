@@ -200,7 +200,7 @@ def test_strided_input_and_gradient_reach_scaled_mm_row_major():
             y_eval = layer(x.detach())
         assert check.calls == (1 if not emulate else 0)
         outs.append((y_eval, xi.grad, layer.weight.grad))
-    for real, emu in zip(*outs):
+    for real, emu in zip(*outs, strict=True):
         torch.testing.assert_close(real, emu, rtol=1e-5, atol=1e-6)
 
 
@@ -259,7 +259,7 @@ def test_compiled_and_eager_native_give_the_same_losses_scales_and_gradients():
                                torch.stack(list(s_e.values())), rtol=1e-5, atol=0)
     torch.testing.assert_close(h_c, h_e, rtol=1e-6, atol=0)
     assert (h_e > 0).any() and torch.equal(sc_c, sc_e)
-    for a, b in zip(g_c, g_e):
+    for a, b in zip(g_c, g_e, strict=True):
         torch.testing.assert_close(a, b, rtol=1e-5, atol=1e-7)
 
 

@@ -123,7 +123,7 @@ def test_the_state_round_trips_through_a_state_dict():
     for _ in range(2):
         step(model, a)
         step(twin, b)
-    for (n, p), q in zip(model.named_parameters(), twin.parameters()):
+    for (n, p), q in zip(model.named_parameters(), twin.parameters(), strict=True):
         assert torch.equal(p, q), n
 
 

@@ -91,7 +91,7 @@ def test_native_layer_without_emulation_runs_scaled_mm_and_matches_emulation():
         xi = x.clone().requires_grad_()
         layer(xi).sum().backward()
         outs.append((layer(x), xi.grad, layer.weight.grad))
-    for real, emu in zip(*outs):
+    for real, emu in zip(*outs, strict=True):
         torch.testing.assert_close(emu, real, rtol=1e-5, atol=1e-6)
 
 

@@ -40,7 +40,7 @@ def test_loader_is_deterministic_and_resumes_at_the_same_position():
     a, b = RandomWindows(tokens, 32, seed=1), RandomWindows(tokens, 32, seed=1)
     straight = [a.batch(pos, 8)[0] for pos in range(0, 400, 8)]
     resumed = [b.batch(pos, 8)[0] for pos in range(200, 400, 8)]  # data_position 200 on resume
-    assert all((s == r).all() for s, r in zip(straight[25:], resumed))
+    assert all((s == r).all() for s, r in zip(straight[25:], resumed, strict=True))
     # A new epoch is a new order of the same windows.
     n = a.n_windows
     e0, e1 = a.starts(0, n), a.starts(n, n)
@@ -59,4 +59,4 @@ def test_batch_stream_yields_the_loop_order_with_or_without_prefetch(depth):
     got = [stream.next()[0] for _ in range(9)]
     stream.close()
     want = [sampler.batch(48 + s * 24 + 12 + m * 4, 4)[0] for s in range(3) for m in range(3)]
-    assert all((g == w).all() for g, w in zip(got, want))
+    assert all((g == w).all() for g, w in zip(got, want, strict=True))

@@ -1,4 +1,5 @@
 """LR schedule: exact values at the points that define it."""
+import itertools
 import math
 
 import pytest
@@ -34,7 +35,7 @@ def test_floor_exactly_at_the_last_step_and_after():
 
 def test_monotone_decay_and_no_warmup():
     lrs = [lr_at(s, **KW) for s in range(2000, 20000, 97)]
-    assert all(a >= b for a, b in zip(lrs, lrs[1:]))
+    assert all(a >= b for a, b in itertools.pairwise(lrs))
     no_warm = dict(KW, warmup_steps=0)
     assert lr_at(0, **no_warm) == pytest.approx(3e-3)
     assert lr_at(19999, **no_warm) == pytest.approx(3e-4)
@@ -64,7 +65,7 @@ def test_wsd_decay_shapes(shape, at_half):
     assert lr_at(99, **kw) == pytest.approx(0.1 + 0.9 * at_half)   # progress 10/20
     assert lr_at(109, **kw) == pytest.approx(0.1)
     lrs = [lr_at(s, **kw) for s in range(0, 120)]
-    assert all(a >= b for a, b in zip(lrs[10:], lrs[11:]))          # never rises after warmup
+    assert all(a >= b for a, b in itertools.pairwise(lrs[10:]))          # never rises after warmup
     if shape == "cosine":
         assert lr_at(91, **kw) == pytest.approx(0.1 + 0.45 * (1 + math.cos(math.pi * 2 / 20)))
 
@@ -96,11 +97,11 @@ def test_a_runs_config_gives_back_the_schedule_it_followed():
                   lr_decay_fraction=0.2, lr_decay_shape="1-sqrt",
                   derived=dict(lr_schedule_steps=110, peak_learning_rate=1.0))
     steps, lrs = lr_schedule(config)
-    got = dict(zip(steps, lrs))       # the row of step N holds the LR of step N - 1
+    got = dict(zip(steps, lrs, strict=True))       # the row of step N holds the LR of step N - 1
     assert got[90] == 1.0 and got[110] == pytest.approx(0.1)
     assert got[100] == pytest.approx(lr_at(99, **dict(WSD, decay_shape="1-sqrt")))
     old = {k: v for k, v in config.items() if not k.startswith("lr_")}
-    assert dict(zip(*lr_schedule(old)))[60] == pytest.approx(
+    assert dict(zip(*lr_schedule(old), strict=True))[60] == pytest.approx(
         lr_at(59, max_lr=1.0, warmup_steps=10, total_steps=110, min_lr_ratio=0.1))
 
 

@@ -204,7 +204,7 @@ def test_stateless_recipes_checkpoint_no_extra_state_and_load_strictly(te, tmp_p
     loader = Accelerator(cpu=True)
     loader.prepare(again)
     loader.load_state(str(tmp_path / "ckpt"))
-    for (k, a), (_, b) in zip(model.state_dict().items(), again.state_dict().items()):
+    for (k, a), (_, b) in zip(model.state_dict().items(), again.state_dict().items(), strict=True):
         assert torch.equal(a, b), k
     old = dict(model.state_dict())
     old[next(iter(prec.modules)) + "._extra_state"] = torch.empty(0, dtype=torch.uint8)
