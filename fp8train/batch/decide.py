@@ -39,13 +39,14 @@ def new_model(mcfg, activation_checkpointing: bool) -> GPT:
     return model
 
 
-def written_plan(cfg: Config, world: int) -> "BatchPlan | None":
+def written_plan(batch, world: int) -> "BatchPlan | None":
     """The batch plan as written (None with auto_batch_size: discovered once the model is
-    known). Checked before anything is built, as is the target a discovered plan must meet."""
-    if cfg.auto_batch_size:
-        check_target(cfg, world)
+    known). Checked before anything is built, as is the target a discovered plan must meet.
+    `batch`: the config's batch section."""
+    if batch.auto:
+        check_target(batch, world)
         return None
-    return manual_plan(cfg, world)
+    return manual_plan(batch, world)
 
 
 def decide_batch(cfg: Config, written: "BatchPlan | None", mcfg, prec: Precision, accelerator,
@@ -59,7 +60,7 @@ def decide_batch(cfg: Config, written: "BatchPlan | None", mcfg, prec: Precision
         return BatchDecision(written, "", cfg.activation_checkpointing)
     micro = saved_micro_batch(saved, world)
     if micro is not None:
-        plan = plan_from_fit(cfg, world, micro)
+        plan = plan_from_fit(section(cfg, "batch"), world, micro)
         return BatchDecision(plan, f"micro-batch {plan.micro} as in the checkpoint",
                              cfg.activation_checkpointing)
     return _discover(cfg, mcfg, prec, accelerator, run_dir, log)
@@ -137,11 +138,11 @@ def _discover(cfg: Config, mcfg, prec: Precision, accelerator, run_dir: str,
     speed = choose_speed(cfg, trial(act), key, fit.micro, device, accelerator.num_processes,
                          accelerator.is_main_process, log.msg, run_dir)
     if speed is None:
-        plan = plan_from_fit(cfg, accelerator.num_processes, fit.micro)
+        plan = plan_from_fit(section(cfg, "batch"), accelerator.num_processes, fit.micro)
         return BatchDecision(plan, note, act)
     for line in describe_speed(speed, cfg.batch_speed_tolerance):
         log.msg(line)
-    plan = plan_from_fit(cfg, accelerator.num_processes, speed.micro)
+    plan = plan_from_fit(section(cfg, "batch"), accelerator.num_processes, speed.micro)
     largest = speed.candidates[0]
     chosen = f"micro {speed.micro} the fastest of {len(speed.timings)} timed" + (
         f" (the largest, {largest}, is slower)" if speed.micro != largest else "")

@@ -410,22 +410,24 @@ def choose_speed(cfg: Config, trial, key: dict, fitted: int, device: torch.devic
 
 # --- the plan -----------------------------------------------------------------------------------
 
-def check_target(cfg: Config, world: int) -> int:
-    """Sequences per rank per step; the target must split evenly over the ranks."""
-    target = cfg.target_effective_batch_size
+def check_target(batch, world: int) -> int:
+    """Sequences per rank per step; the target must split evenly over the ranks. `batch`: the
+    config's batch section."""
+    target = batch.target
     if target % world:
         near = nearest_valid_targets(target, world)
         raise BadInput(
-            f"{cfg.where('target_effective_batch_size')}: key 'target_effective_batch_size' "
+            f"{batch.where('target_effective_batch_size')}: key 'target_effective_batch_size' "
             f"({target}) is not divisible by the "
             f"world size ({world}); nearest valid: {' or '.join(map(str, near))}")
     return target // world
 
 
-def plan_from_fit(cfg: Config, world: int, fitted: int) -> BatchPlan:
+def plan_from_fit(batch, world: int, fitted: int) -> BatchPlan:
     """The largest micro-batch ≤ fitted that divides the per-rank share of the target, and the
-    accumulation that makes micro × accum × world == target exactly."""
-    per_rank = check_target(cfg, world)
-    cap = min(fitted, per_rank, cfg.max_batch_size)
+    accumulation that makes micro × accum × world == target exactly. `batch`: the config's
+    batch section."""
+    per_rank = check_target(batch, world)
+    cap = min(fitted, per_rank, batch.max_micro)
     micro = max(d for d in range(1, cap + 1) if per_rank % d == 0)
     return BatchPlan(micro, per_rank // micro, world)

@@ -28,12 +28,12 @@ def nearest_valid_targets(target: int, divisor: int) -> list[int]:
     return sorted({v for v in (lo, lo + divisor) if v > 0})
 
 
-def manual_plan(cfg: Config, world: int) -> BatchPlan:
+def manual_plan(batch, world: int) -> BatchPlan:
     """Plan from batch_size, gradient_accumulation_steps and target_effective_batch_size as
-    written; anything inconsistent is an error, never a silent adjustment."""
-    micro, accum, target = cfg.batch_size, cfg.gradient_accumulation_steps, \
-        cfg.target_effective_batch_size
-    src = cfg.where("target_effective_batch_size", "batch_size", "gradient_accumulation_steps")
+    written (`batch`: the config's batch section); anything inconsistent is an error, never a
+    silent adjustment."""
+    micro, accum, target = batch.micro, batch.accumulation, batch.target
+    src = batch.where("target_effective_batch_size", "batch_size", "gradient_accumulation_steps")
     if target is None:
         return BatchPlan(micro, accum or 1, world)
     per_step = micro * world

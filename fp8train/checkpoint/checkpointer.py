@@ -51,7 +51,7 @@ class Checkpointer:
         self.components = dict(components or {})
         self.model, self.optimizer = model, optimizer
         self.config_text, self.run_hash = config_text, run_hash
-        self.background = bool(ck.checkpoint_async)
+        self.background = bool(ck.in_background)
         layout = getattr(accelerator.distributed_type, "value", accelerator.distributed_type)
         if self.background and layout in NO_BACKGROUND:
             self.background = False
@@ -79,7 +79,7 @@ class Checkpointer:
         self._state = None        # the run's train state, whose step poll reads
         self.window, self.window_source, self._warned = None, "", False
         if accelerator.is_main_process:
-            self.window, where = window(ck.checkpoint_window_s)
+            self.window, where = window(ck.window_s)
             self.window_source = where
             log.file_only(f"preemption window: {self.window:g} s ({where})" if self.window else
                           f"preemption window unknown ({where}): checkpoint saves are timed, "
@@ -90,7 +90,7 @@ class Checkpointer:
                                    f"('{resumed}') took")
 
     def due(self, step: int, last: bool, stopping: bool) -> bool:
-        return step % self.ck.checkpoint_interval == 0 or last or stopping
+        return step % self.ck.interval == 0 or last or stopping
 
     def latest(self):
         return self.manager.latest()
@@ -245,7 +245,7 @@ class Checkpointer:
         prev = self.manager.latest()
         intact = f"the previous checkpoint '{prev}' is intact" if prev else \
             "there is no earlier checkpoint"
-        if final or self.ck.checkpoint_required:
+        if final or self.ck.required:
             why = "checkpoint_required is true" if not final else \
                 "it was the run's last checkpoint: the steps after the previous one are lost"
             raise RunFailed(f"{e}; {intact}; stopping because {why}") from None

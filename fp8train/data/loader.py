@@ -27,7 +27,7 @@ class TokenSplits:
 
 
 def load_splits(cfg, log=print, fetch=lambda f: f()) -> "TokenSplits":
-    """The run's train and val tokens: prepared shards when `dataset` names them (checked,
+    """The run's train and val tokens (`cfg`: the config's data section): prepared shards when `dataset` names them (checked,
     memory-mapped), else a text corpus tokenized here. `fetch(f)` runs what only one process
     should do (a download of tinyshakespeare, the scan of the shards' token ids): the trainer
     runs it on rank 0 alone."""
@@ -36,14 +36,14 @@ def load_splits(cfg, log=print, fetch=lambda f: f()) -> "TokenSplits":
         for split, part in (("train", splits.train), ("val", splits.val)):
             _check_window(part, split, "dataset 'synthetic'", cfg.seq_len)
         return splits
-    dataset = resolved_dataset(cfg.dataset, cfg.data_dir)   # as the config does (evaluate.py)
-    directory = prepared_dir(dataset, cfg.data_dir)
+    dataset = resolved_dataset(cfg.dataset, cfg.dir)   # as the config does (evaluate.py)
+    directory = prepared_dir(dataset, cfg.dir)
     if directory is not None:
-        return load_prepared(directory, dataset, cfg.data_dir, cfg.tokenizer, cfg.seq_len,
+        return load_prepared(directory, dataset, cfg.dir, cfg.tokenizer, cfg.seq_len,
                              log, fetch)
     tokenizer = build_tokenizer(cfg.tokenizer)
-    fetch(lambda: corpus_path(dataset, cfg.data_dir, log))
-    return load_tokens(dataset, cfg.data_dir, tokenizer, cfg.seq_len, cfg.val_fraction)
+    fetch(lambda: corpus_path(dataset, cfg.dir, log))
+    return load_tokens(dataset, cfg.dir, tokenizer, cfg.seq_len, cfg.val_fraction)
 
 
 def _check_window(tokens, split: str, what: str, seq_len: int) -> None:

@@ -42,7 +42,7 @@ class Evaluator:
     def due(self, step: int, last: bool, stopping: bool) -> bool:
         """At the interval, at the end, and at a stop that is not a deadline (max_hours): a
         signal (SLURM's warning, a preemption) leaves its time to the checkpoint."""
-        return step % self.ev.eval_interval == 0 or last or stopping
+        return step % self.ev.interval == 0 or last or stopping
 
     def target_done(self) -> bool:
         """This run reached its target before and stops there (stop_at_target)."""

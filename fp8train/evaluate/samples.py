@@ -28,7 +28,7 @@ class TextSampler:
                 warn(f"no text samples: {e}")
 
     def take(self, model, eval_set, step: int) -> list[dict]:
-        prompts = torch.cat([x for x, _ in eval_set])[:self.ev.eval_samples, :self.prompt_tokens]
+        prompts = torch.cat([x for x, _ in eval_set])[:self.ev.samples, :self.prompt_tokens]
         device = self.acc.device
         gen = torch.Generator(device=device).manual_seed(self.seed)
         # No DDP hooks, no torch.compile recompiling for every length (FSDP stays FSDP; blocks

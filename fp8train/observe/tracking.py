@@ -82,11 +82,11 @@ class Tracker:
 
     @staticmethod
     def log_with(cfg) -> Optional[str]:
-        return "wandb" if cfg.use_wandb and wandb_installed() else None
+        return "wandb" if cfg.enabled and wandb_installed() else None
 
     def start(self, cfg, run_dir: str, config: dict, resuming: bool) -> None:
         """`cfg`: the config's wandb section; `run_dir`: the run's directory."""
-        if not cfg.use_wandb:
+        if not cfg.enabled:
             return
         if not wandb_installed():
             self.warn("use_wandb: the wandb package is not installed (pip install wandb); "
@@ -96,11 +96,11 @@ class Tracker:
             return
         # The free-text fields a secret could be typed into by mistake are redacted; entity,
         # project and dir say where the run goes and are left as they are.
-        init = dict(tags=self._redact(list(cfg.wandb_tags)) or None, dir=run_dir,
+        init = dict(tags=self._redact(list(cfg.tags)) or None, dir=run_dir,
                     resume="allow")
         if not sweep_run_id():  # a sweep's agent names the run and fixes its id and entity
-            init.update(entity=cfg.wandb_entity, name=self._redact(
-                cfg.wandb_run_name or os.path.basename(os.path.normpath(run_dir))))
+            init.update(entity=cfg.entity, name=self._redact(
+                cfg.run_name or os.path.basename(os.path.normpath(run_dir))))
         config = self._redact(config)
         # W&B records sys.argv in the run's metadata (its "args"): redact it in place. The
         # config has been parsed from it already; nothing reads it again.
@@ -145,7 +145,7 @@ class Tracker:
         offline = init.get("mode") == "offline" or \
             os.environ.get("WANDB_MODE", "").lower() in ("offline", "dryrun")
         init = dict(init, settings=wandb.Settings(quiet=True, silent=offline))
-        self.acc.init_trackers(cfg.wandb_project, config=config, init_kwargs={"wandb": init})
+        self.acc.init_trackers(cfg.project, config=config, init_kwargs={"wandb": init})
         self.run = self.acc.get_tracker("wandb", unwrap=True)
         # Our `step` is the x-axis, not W&B's own counter: a resumed run re-logs the steps
         # after its checkpoint, which W&B's monotonic step would silently drop.

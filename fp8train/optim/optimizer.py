@@ -21,21 +21,21 @@ from .muon import NS_STEPS, MuonUpdate
 
 def build_optimizer(model: torch.nn.Module, opt, *, rank: int = 0, world: int = 1,
                     compiled: bool = False) -> torch.optim.Optimizer:
-    """The optimizer of `opt.optimizer`. AdamW decays matrices and embeddings only: decaying
+    """The optimizer `opt.name` names. AdamW decays matrices and embeddings only: decaying
     norms' gains and biases toward zero hurts and saves nothing. Fused (CPU and CUDA): one
     kernel for the whole AdamW update, and it can skip a non-finite step on the device (see
-    health.py). `opt`: the config's optimizer section (or the whole config). Muon's: `rank` of
+    health.py). `opt`: the config's optimizer section. Muon's: `rank` of
     `world` data-parallel ranks orthogonalises its share of the matrices (world 1: all of them,
     no collective: the batch probe's trials), `compiled` under the run's compile: true."""
     named = [(n, p) for n, p in model.named_parameters() if p.requires_grad]
-    hidden = [p for n, p in named if is_hidden_matrix(n, p)] if opt.optimizer == "muon" else []
+    hidden = [p for n, p in named if is_hidden_matrix(n, p)] if opt.name == "muon" else []
     taken = {id(p) for p in hidden}
     decay = [p for n, p in named if p.dim() >= 2 and id(p) not in taken]
     no_decay = [p for n, p in named if p.dim() < 2]
     groups = [{"params": decay, "weight_decay": opt.weight_decay},
               {"params": no_decay, "weight_decay": 0.0}]
     kw = dict(lr=opt.learning_rate, betas=(opt.beta1, opt.beta2), eps=opt.adam_eps, fused=True)
-    if opt.optimizer != "muon":
+    if opt.name != "muon":
         return torch.optim.AdamW(groups, **kw)
     # The loop sets each group's LR to the schedule's value x its lr_scale.
     groups.append({"params": hidden, "muon": True, "weight_decay": opt.muon_weight_decay,
@@ -69,12 +69,13 @@ def describe(optimizer: torch.optim.Optimizer, opt) -> str:
             "norms, biases)")
 
 
-def check_distributed(cfg, distributed_type: str) -> None:
-    """Muon orthogonalises whole matrices, which FSDP shards: refused there, in one line."""
-    if cfg.optimizer == "muon" and distributed_type == "FSDP":
-        raise BadInput(f"{cfg.source}: key 'optimizer': muon orthogonalises whole matrices, "
-                       "which FSDP shards: launch with DDP (accelerate_configs/8xh100.yaml) "
-                       "or use optimizer: adamw")
+def check_distributed(opt, distributed_type: str) -> None:
+    """Muon orthogonalises whole matrices, which FSDP shards: refused there, in one line.
+    `opt`: the config's optimizer section."""
+    if opt.name == "muon" and distributed_type == "FSDP":
+        raise BadInput(f"{opt.where('optimizer')}: key 'optimizer': muon orthogonalises whole "
+                       "matrices, which FSDP shards: launch with DDP "
+                       "(accelerate_configs/8xh100.yaml) or use optimizer: adamw")
 
 
 def is_hidden_matrix(name: str, p: torch.Tensor) -> bool:

@@ -402,9 +402,9 @@ def _derived(prec: Precision, acc, feed: Feed, mcfg, n_params: int, flops_per_to
 def _evaluator(cfg: Config, acc, prec: Precision, val_tokens, micro: int, mcfg,
                log: Logger, record: EvalRecord) -> Evaluator:
     ev = section(cfg, "eval")
-    eval_set = val_batches(val_tokens, cfg.seq_len, ev.eval_sequences, micro, log.warn)
+    eval_set = val_batches(val_tokens, cfg.seq_len, ev.sequences, micro, log.warn)
     samples = TextSampler(ev, cfg.tokenizer, cfg.seed, mcfg, prec, acc, log.warn) \
-        if ev.eval_samples and cfg.dataset != "synthetic" else None  # no text to show
+        if ev.samples and cfg.dataset != "synthetic" else None  # no text to show
     hellaswag = HellaSwag(ev, build_tokenizer(cfg.tokenizer), mcfg, prec, acc) \
         if ev.hellaswag_interval else None
     return Evaluator(ev, eval_set, acc, prec, log, samples, hellaswag, record)

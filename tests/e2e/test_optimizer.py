@@ -110,13 +110,13 @@ def _muon_steps(rank: int, world: int) -> dict:
     `rank` of `world` computes them."""
     import torch
 
-    from fp8train.config.load import Config
+    from fp8train.config.load import Config, section
     from fp8train.model import GPT, model_config_from
     from fp8train.optim.optimizer import build_optimizer
     torch.manual_seed(0)
     model = GPT(model_config_from("tiny-llama", 256, 64, n_layer=3))
-    opt = build_optimizer(model, Config(optimizer="muon", learning_rate=3e-3, muon_lr=0.02,
-                                        muon_weight_decay=0.01), rank=rank, world=world)
+    cfg = Config(optimizer="muon", learning_rate=3e-3, muon_lr=0.02, muon_weight_decay=0.01)
+    opt = build_optimizer(model, section(cfg, "optimizer"), rank=rank, world=world)
     gen = torch.Generator().manual_seed(1)
     for _ in range(3):
         for p in model.parameters():
@@ -158,14 +158,15 @@ def test_the_compiled_update_matches_the_eager_one():
     to the fusion of its elementwise steps (fp32 rounding), every step, one graph per shape."""
     import torch
 
-    from fp8train.config.load import Config
+    from fp8train.config.load import Config, section
     from fp8train.model import GPT, model_config_from
     from fp8train.optim.optimizer import build_optimizer
 
     def run(compiled: bool) -> dict:
         torch.manual_seed(0)
         model = GPT(model_config_from("tiny-llama", 256, 64, n_layer=2, n_embd=64))
-        opt = build_optimizer(model, Config(optimizer="muon"), compiled=compiled)
+        opt = build_optimizer(model, section(Config(optimizer="muon"), "optimizer"),
+                              compiled=compiled)
         gen = torch.Generator().manual_seed(1)
         for step in range(3):
             for p in model.parameters():

@@ -113,7 +113,7 @@ def test_choose_speed_under_compile_times_several_sizes_within_a_budget_below_on
     from fp8train.batch.decide import new_model
     from fp8train.batch.fit import choose_speed, make_trial
     from fp8train.batch.speed import describe_speed, fastest
-    from fp8train.config.load import Config
+    from fp8train.config.load import Config, section
     from fp8train.evaluate.trained import autocast
     from fp8train.model import model_config_from
     from fp8train.precision import build_precision
@@ -127,7 +127,7 @@ def test_choose_speed_under_compile_times_several_sizes_within_a_budget_below_on
     trial = make_trial(
         build_model=lambda: new_model(mcfg, False),
         build_precision=lambda: build_precision(cfg, device, warn=lambda _: None),
-        build_optimizer=lambda m: build_optimizer(m, cfg),
+        build_optimizer=lambda m: build_optimizer(m, section(cfg, "optimizer")),
         loss_fn=lambda model, x: model(x, x)[0],   # the model's own loss, as the run's
         cfg=cfg, vocab_size=mcfg.vocab_size, device=device,
         autocast=lambda: autocast(cfg, device))

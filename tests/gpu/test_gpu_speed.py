@@ -92,7 +92,7 @@ def test_muon_on_gpu_is_one_batched_compiled_update_with_few_kernels():
     """A 16-block Llama (64 matrices in 4 shapes, the demo's width): the compiled, batched
     update is torch.optim.Muon's up to bf16 rounding of the iteration, and launches a fraction
     of the CUDA kernels of a matrix at a time; both step times printed."""
-    from fp8train.config.load import Config
+    from fp8train.config.load import Config, section
     from fp8train.model import GPT, model_config_from
     from fp8train.optim.optimizer import build_optimizer
 
@@ -118,7 +118,8 @@ def test_muon_on_gpu_is_one_batched_compiled_update_with_few_kernels():
     ref_model = GPT(mcfg).cuda()
     ref_model.load_state_dict(model.state_dict())
     start = {n: p.detach().clone() for n, p in model.named_parameters()}
-    opt = build_optimizer(model, Config(optimizer="muon", muon_split_fused=False), compiled=True)
+    opt = build_optimizer(model, section(Config(optimizer="muon", muon_split_fused=False),
+                                         "optimizer"), compiled=True)
     hidden = [p for n, p in ref_model.named_parameters() if n.startswith("blocks") and
               p.dim() == 2]
     ref = torch.optim.Muon(hidden, lr=opt.param_groups[2]["lr"], weight_decay=0.0)
@@ -162,7 +163,7 @@ def _muon_on(rank: int, world: int, port: int, out: str) -> None:
 
     import torch.distributed as dist
 
-    from fp8train.config.load import Config
+    from fp8train.config.load import Config, section
     from fp8train.model import GPT, model_config_from
     from fp8train.optim.optimizer import build_optimizer
     torch.cuda.set_device(rank)
@@ -172,8 +173,8 @@ def _muon_on(rank: int, world: int, port: int, out: str) -> None:
     torch.manual_seed(0)
     model = GPT(model_config_from("tiny-llama", 256, 64, n_layer=3)).cuda()
     start = {n: p.detach().cpu().clone() for n, p in model.named_parameters()}
-    opt = build_optimizer(model, Config(optimizer="muon"), rank=rank, world=world,
-                          compiled=True)
+    opt = build_optimizer(model, section(Config(optimizer="muon"), "optimizer"), rank=rank,
+                          world=world, compiled=True)
     gen = torch.Generator("cuda").manual_seed(1)
     for _ in range(3):
         for p in model.parameters():

@@ -15,7 +15,7 @@ from fp8train.batch.fit import (Probe, cache_path, choose_speed, discover, plan_
 from fp8train.batch.speed import (StepTimes, Timing, combine_timings, describe_speed, fastest,
                                   speed_candidates, speed_table, step_tokens_per_sec,
                                   time_candidates)
-from fp8train.config.load import Config, load_config
+from fp8train.config.load import Config, load_config, section
 from fp8train.errors import BadInput, is_out_of_memory
 from fp8train.optim.schedule import scaled_lr
 
@@ -147,8 +147,9 @@ def test_plan_hits_the_target_exactly_for_every_combination():
     for world in (1, 2, 3, 4, 8):
         for target in range(world, 300, world):
             for fitted in (1, 2, 3, 5, 7, 16, 17, 48, 52, 64, 100, 128, 500):
-                cfg = Config(target_effective_batch_size=target, max_batch_size=128)
-                plan = plan_from_fit(cfg, world, fitted)
+                batch = section(Config(target_effective_batch_size=target, max_batch_size=128),
+                                "batch")
+                plan = plan_from_fit(batch, world, fitted)
                 assert plan.micro * plan.accum * plan.world == target
                 assert plan.micro <= min(fitted, 128) and plan.world == world
                 per_rank = target // world
@@ -162,7 +163,7 @@ def test_target_not_divisible_by_world_is_an_error_with_the_nearest_targets():
     with pytest.raises(BadInput, match=r"run.yaml: key 'target_effective_batch_size' \(100\) "
                                           r"is not divisible by the world size \(8\); nearest "
                                           r"valid: 96 or 104"):
-        plan_from_fit(cfg, 8, 64)
+        plan_from_fit(section(cfg, "batch"), 8, 64)
 
 
 def test_lr_scaling_rules():

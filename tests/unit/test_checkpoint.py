@@ -808,8 +808,9 @@ def _checkpointer(tmp_path, layout="NO", window=(None, "unknown"), resumed=None,
     log = SimpleNamespace(warn=lambda m: said.append("WARNING: " + m), msg=said.append,
                           file_only=lambda m: said.append("file: " + m), log=said.append)
     acc = SimpleNamespace(distributed_type=layout, is_main_process=True)
-    ck = SimpleNamespace(**dict(dict(checkpoint_async=False, checkpoint_window_s=None,
-                                     checkpoint_interval=10, checkpoint_required=False), **keys))
+    from fp8train.config.load import Config, section
+    ck = section(Config(**dict(dict(checkpoint_async=False, checkpoint_interval=10), **keys)),
+                 "checkpoint")
     return Checkpointer(ck, CheckpointManager(str(tmp_path), 3), acc, log, "", "h",
                         resumed=resumed, window=lambda configured: window), said
 
@@ -877,8 +878,8 @@ def _async_checkpointer(tmp_path):
     said = []
     log = SimpleNamespace(warn=lambda m: said.append("WARNING: " + m), msg=said.append,
                           file_only=lambda m: None, log=lambda row: None)
-    ck = SimpleNamespace(checkpoint_async=True, checkpoint_window_s=None, checkpoint_interval=2,
-                         checkpoint_required=False)
+    from fp8train.config.load import Config, section
+    ck = section(Config(checkpoint_async=True, checkpoint_interval=2), "checkpoint")
     return Checkpointer(ck, CheckpointManager(str(tmp_path), 3), acc, log, "", "h",
                         window=lambda configured: (None, "unknown"), model=lin,
                         optimizer=opt), said

@@ -127,8 +127,9 @@ def _checkpointer(tmp_path, **keys):
     said, rows = [], []
     log = SimpleNamespace(warn=lambda m: said.append("WARNING: " + m), msg=said.append,
                           file_only=lambda m: None, log=rows.append)
-    ck = SimpleNamespace(**dict(dict(checkpoint_async=True, checkpoint_window_s=None,
-                                     checkpoint_interval=2, checkpoint_required=False), **keys))
+    from fp8train.config.load import Config, section
+    ck = section(Config(**dict(dict(checkpoint_async=True, checkpoint_interval=2), **keys)),
+                 "checkpoint")
     return Checkpointer(ck, CheckpointManager(str(tmp_path), 3), acc, log, "", "h",
                         window=lambda configured: (None, "unknown"), model=lin,
                         optimizer=opt), said, rows

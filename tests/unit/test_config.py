@@ -11,7 +11,7 @@ from support.runs import ROOT
 
 from fp8train.batch.plan import BatchPlan, manual_plan
 from fp8train.config import load as C
-from fp8train.config.load import load_config
+from fp8train.config.load import load_config, section
 from fp8train.errors import BadInput
 
 
@@ -191,7 +191,8 @@ def test_text_that_reads_as_a_number_is_written_quoted_and_loads_back_as_text(tm
 
 
 def plan_for(world, **kw):
-    return manual_plan(load_config([f"--{k}={v}" for k, v in kw.items()]), world)
+    return manual_plan(section(load_config([f"--{k}={v}" for k, v in kw.items()]), "batch"),
+                       world)
 
 
 def test_manual_batch_plan():
@@ -351,7 +352,7 @@ def test_fp8_until_1_in_a_runs_own_config_keeps_its_old_meaning_with_a_warning(t
     own = write(tmp_path, _yaml(values), "config.yaml")
     cfg = load_config(["--config", own])
     assert cfg.fp8_until == 1
-    note = run_length(cfg, 10**6, manual_plan(cfg, 1)).fp8_until_note
+    note = run_length(cfg, 10**6, manual_plan(section(cfg, "batch"), 1)).fp8_until_note
     assert note.startswith("key 'fp8_until' is 1 in the run's own config.yaml") and \
         "first step only" in note
     mine = write(tmp_path, _yaml({"use_fp8": True, "fp8_until": 1}), "mine.yaml")

@@ -24,7 +24,7 @@ from support.cuda_trace import KernelRecorder, KernelRuleError, backward, fake_c
 from torch import nn
 from torch._subclasses.fake_tensor import FakeTensorMode
 
-from fp8train.config.load import Config
+from fp8train.config.load import Config, section
 from fp8train.model import GPT, model_config_from
 from fp8train.precision.ao import TorchAO
 from fp8train.precision.native import Fp8Linear, Fp8State, Native
@@ -55,7 +55,7 @@ def train_step(model, prec, micro_batches=1, accelerator=None):
     """The trainer's step: micro-batches forward (bf16 autocast, as Accelerate applies it) and
     backward, the precision's hooks, clipping, the health check, and the fused AdamW step that
     skips on the device (optimizer.found_inf)."""
-    opt = build_optimizer(model, Config())
+    opt = build_optimizer(model, section(Config(), "optimizer"))
     prec.after_prepare(accelerator or SimpleNamespace(gradient_accumulation_steps=micro_batches,
                                                       distributed_type="NO",
                                                       sync_gradients=True))

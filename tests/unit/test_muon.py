@@ -6,7 +6,7 @@ import pytest
 import torch
 from torch.utils._python_dispatch import TorchDispatchMode
 
-from fp8train.config.load import Config
+from fp8train.config.load import Config, section
 from fp8train.model import GPT, model_config_from
 from fp8train.optim.muon import MuonUpdate, buckets_of, orthogonalise
 from fp8train.optim.optimizer import build_optimizer, muon_flops_per_step, muon_parts
@@ -133,7 +133,8 @@ def test_one_step_launches_a_few_kernels_per_matrix_and_newton_schulz_once_per_s
     ref.step()
     with CountOps() as per_matrix:
         ref.step()
-    opt = build_optimizer(model, Config(optimizer="muon", muon_split_fused=False))
+    opt = build_optimizer(model, section(Config(optimizer="muon", muon_split_fused=False),
+                                         "optimizer"))
     ours = muon_step_ops(model, opt)
     assert per_matrix.n >= 20 * 64, per_matrix.n
     assert ours <= 5 * 64 + 25 * 4, ours

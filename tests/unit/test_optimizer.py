@@ -7,7 +7,7 @@ import copy
 import pytest
 import torch
 
-from fp8train.config.load import Config
+from fp8train.config.load import Config, section
 from fp8train.errors import BadInput
 from fp8train.model import GPT, model_config_from
 from fp8train.optim.muon import NS_STEPS
@@ -27,7 +27,7 @@ def names_of(model, params):
 
 def test_adamw_decays_matrices_and_embeddings_only():
     model = tiny()
-    opt = build_optimizer(model, Config(weight_decay=0.1))
+    opt = build_optimizer(model, section(Config(weight_decay=0.1), "optimizer"))
     assert type(opt) is torch.optim.AdamW and opt.defaults["fused"]
     decay, no_decay = opt.param_groups
     assert decay["weight_decay"] == 0.1 and no_decay["weight_decay"] == 0.0
@@ -39,7 +39,7 @@ def test_muon_takes_the_blocks_matrices_and_adamw_the_rest():
     model = tiny()
     cfg = Config(optimizer="muon", learning_rate=1e-3, muon_lr=0.02, weight_decay=0.1,
                  muon_weight_decay=0.01, muon_momentum=0.9)
-    opt = build_optimizer(model, cfg)
+    opt = build_optimizer(model, section(cfg, "optimizer"))
     decay, no_decay, hidden = opt.param_groups
     assert [g["muon"] for g in opt.param_groups] == [False, False, True]
     assert names_of(model, decay["params"]) == ["wpe.weight", "wte.weight"]   # head tied to wte
@@ -109,7 +109,8 @@ def test_the_state_round_trips_through_a_state_dict():
     """What a checkpoint holds: a fresh optimizer loaded from it continues identically."""
     model, twin = tiny(), tiny()
     cfg = Config(optimizer="muon", learning_rate=1e-3)
-    a, b = build_optimizer(model, cfg), build_optimizer(twin, cfg)
+    opt = section(cfg, "optimizer")
+    a, b = build_optimizer(model, opt), build_optimizer(twin, opt)
     x = torch.randint(0, 256, (2, 16))
 
     def step(m, opt):
@@ -136,11 +137,11 @@ def test_muon_flops_are_counted_per_matrix():
 
 def test_muon_is_refused_under_fsdp_in_one_line():
     cfg = Config(optimizer="muon")
-    check_distributed(cfg, "MULTI_GPU")         # DDP: whole matrices, fine
-    check_distributed(Config(), "FSDP")          # AdamW under FSDP, fine
+    check_distributed(section(cfg, "optimizer"), "MULTI_GPU")    # DDP: whole matrices, fine
+    check_distributed(section(Config(), "optimizer"), "FSDP")     # AdamW under FSDP, fine
     with pytest.raises(BadInput, match="key 'optimizer': muon orthogonalises whole matrices, "
                                        "which FSDP shards"):
-        check_distributed(cfg, "FSDP")
+        check_distributed(section(cfg, "optimizer"), "FSDP")
 
 
 def test_gradients_left_scaled_by_fp16s_grad_scaler_are_unscaled_for_muon():
