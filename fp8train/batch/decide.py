@@ -11,7 +11,7 @@ import torch
 from ..config.schema import Config
 from ..config.sections import section
 from ..model import GPT
-from ..precision import Precision, build_precision
+from ..precision import Precision
 from ..optim.optimizer import build_optimizer
 from .fit import (DoesNotFit, cache_key, cache_path, check_target, choose_speed, discover,
                   make_trial, plan_from_fit)
@@ -75,13 +75,6 @@ def saved_micro_batch(saved: dict, world: int) -> "int | None":
     return int(saved["micro_batch_size"])
 
 
-def probe_config(cfg: Config, prec: Precision) -> Config:
-    """The config the probe's trials build their precision from: the run's FP8 backend and
-    recipe as `prec` has them (fp8 auto's choice, when the plan is probed again for it; a
-    trial built from `fp8_recipe: auto` would measure the provisional backend)."""
-    return prec.cfg if prec.fp8 else cfg
-
-
 def _discover(cfg: Config, mcfg, prec: Precision, accelerator, run_dir: str,
               log) -> BatchDecision:
     device = accelerator.device
@@ -102,13 +95,12 @@ def _discover(cfg: Config, mcfg, prec: Precision, accelerator, run_dir: str,
         log.msg(sharded.describe())
         key = dict(key, sharded=True)
 
-    trial_cfg, opt = probe_config(cfg, prec), section(cfg, "optimizer")
+    opt = section(cfg, "optimizer")
 
     def trial(act: bool):
         return as_sharded(sharded, make_trial(
             build_model=lambda: new_model(mcfg, act),
-            build_precision=lambda: build_precision(trial_cfg, device, warn=lambda _: None,
-                                                    run_dir=run_dir),
+            build_precision=lambda: prec.fresh(device),
             build_optimizer=lambda m: build_optimizer(m, opt),
             loss_fn=lambda model, x: model(x, x, penalty_type=cfg.penalty_type,
                                            penalty_weight=cfg.penalty_weight)[0],

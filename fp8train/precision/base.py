@@ -44,6 +44,11 @@ class Precision:
         """Change the model in place before Accelerate prepares it; returns it."""
         return model
 
+    def fresh(self, device: torch.device) -> "Precision":
+        """A new precision of this kind and with these settings, as `build_precision` made
+        this one for `device`: one per throw-away trial (the micro-batch probe's)."""
+        return type(self)()
+
     def for_trials(self) -> "Precision":
         """This backend set up for throw-away trials that each rank runs on its own (the
         micro-batch probe, fp8_layers auto's timing): no collectives across ranks, since the
@@ -116,6 +121,11 @@ class Precision:
 
     def describe(self) -> str:
         return self.name
+
+    def conversion(self) -> list:
+        """What `convert` did, as lines for the log: which layers, and how (FP8); [] when it
+        changed nothing."""
+        return []
 
     def report(self, model: nn.Module):
         """What the end-of-run verdict needs of this precision and the finished `model`
@@ -297,6 +307,15 @@ class Fp8Backend(Precision):
         min_size = self.cfg.fp8_min_layer_size if mode == "min_size" else 0
         self.selection = select_linears(model, min_size, self.cfg.fp8_exclude, keep)
         return self.selection.chosen
+
+    def conversion(self) -> list:
+        return [self.selection.describe(), self.describe()] if self.selection is not None \
+            else [self.describe()]
+
+    def fresh(self, device: torch.device) -> "Fp8Backend":
+        backend = type(self)(self.cfg, self.base.fresh(device), self.run_dir)
+        backend.unavailable(device)   # as build_precision asks it (a CPU: emulated)
+        return backend
 
     def timing_copy(self) -> "Fp8Backend":
         """A fresh backend of this kind for timing one layer (fp8_layers auto): it converts

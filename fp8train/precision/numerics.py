@@ -77,17 +77,18 @@ def capture(model: nn.Module, tokens: torch.Tensor, base, shapes, rows: int = RO
 
 
 def sample_model(make_model: Callable[[], nn.Module], train_tokens, micro: int, seq_len: int,
-                 base, shapes, device: torch.device) -> dict:
+                 prec, shapes, device: torch.device) -> dict:
     """`capture` on a freshly initialised model (`make_model()`, moved to `device`) fed the
     first training sequences of `train_tokens` (a 1-D token array), as many as ROWS rows need
-    and at most the micro-batch; the RNG is left as it was."""
+    and at most the micro-batch, in the base precision of `prec` (an FP8 backend); the RNG is
+    left as it was."""
     import numpy as np
     n = min(micro, -(-ROWS // seq_len))
     tokens = torch.as_tensor(np.asarray(train_tokens[:n * (seq_len + 1)], dtype=np.int64))
     with torch.random.fork_rng(devices=[device] if device.type == "cuda" else []):
         model = make_model().to(device)
         try:
-            return capture(model, tokens.view(n, -1), base, shapes)
+            return capture(model, tokens.view(n, -1), prec.base, shapes)
         finally:
             del model
 

@@ -332,9 +332,8 @@ def _net(cfg: Config, mcfg, prec: Precision, acc, batch: BatchDecision, saved: d
     if saved and prec.fp8:
         prec.resume_layers(saved)
     model = prec.convert(model.to(acc.device))
-    if prec.fp8:
-        log.msg(prec.selection.describe())
-        log.msg(prec.describe())
+    for line in prec.conversion():
+        log.msg(line)
     for caution in prec.cautions():
         log.warn(caution)
     # Muon under DDP: each rank orthogonalises its share of the matrices (FSDP: refused).

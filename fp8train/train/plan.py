@@ -162,7 +162,7 @@ def _choose_fp8(cfg: Config, prec: Precision, acc, mcfg, batch: BatchDecision, w
         initialised model (activation checkpointing as the plan has it) on the first training
         sequences."""
         return sample_model(lambda: new_model(mcfg, batch.activation_checkpointing),
-                            train_tokens, batch.plan.micro, cfg.seq_len, prec.base, wanted,
+                            train_tokens, batch.plan.micro, cfg.seq_len, prec, wanted,
                             acc.device)
 
     # Under FSDP the whole model may not fit one GPU: the numerics take Gaussian noise there.

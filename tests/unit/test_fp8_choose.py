@@ -231,16 +231,21 @@ def test_a_finished_runs_config_reads_as_the_recipe_it_chose():
 
 
 def test_a_plan_probed_again_for_the_chosen_recipe_builds_its_trials_with_it():
-    """After fp8 auto chose, decide_batch's trials build the chosen backend and recipe, not
-    `auto` again (which would measure the provisional backend a second time)."""
-    from fp8train.batch.decide import probe_config
-    cfg = Config(use_fp8=True, fp8_backend="auto")
+    """After fp8 auto chose, decide_batch's trials (each one `prec.fresh(device)`) build the
+    chosen backend and recipe, not `auto` again (which would measure the provisional backend
+    a second time), each a new object ready to convert."""
     chosen = build_precision(Config(use_fp8=True, fp8_backend="torchao", fp8_recipe="rowwise"),
                              CPU, warn=pytest.fail)
-    trial_cfg = probe_config(cfg, chosen)
-    assert (trial_cfg.fp8_backend, trial_cfg.fp8_recipe) == ("torchao", "rowwise")
+    from fp8train.model import GPT, model_config_from
+    trial = chosen.fresh(CPU)
+    assert trial is not chosen and trial.name == chosen.name
+    for prec in (trial, chosen):
+        prec.convert(GPT(model_config_from("tiny", 256, 64)))
+    assert (trial.derived()["fp8_backend"], trial.derived()["fp8_recipe"]) == ("torchao",
+                                                                               "rowwise")
+    assert trial.derived()["fp8"] == chosen.derived()["fp8"]   # emulated on CPU, as the run
     plain = build_precision(Config(), CPU, warn=pytest.fail)
-    assert probe_config(Config(), plain) == Config()
+    assert plain.fresh(CPU) is not plain and plain.fresh(CPU).name == "fp32"
 
 
 def test_the_cost_of_the_choice_is_logged_and_recorded(tmp_path):
