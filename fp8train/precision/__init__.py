@@ -21,6 +21,7 @@ from typing import Callable, Optional
 import torch
 
 from ..config.load import Config
+from ..config.load import section as config_section
 from ..errors import BadInput
 from .backends import fp8_backends
 from .base import Precision
@@ -33,15 +34,17 @@ from .verdict import describe as verdict_lines
 BASE = {"fp32": FP32, "bf16": BF16, "fp16": FP16}
 
 
-def base_precision(cfg: Config, device: torch.device) -> Precision:
-    name = cfg.precision
+def base_precision(section, device: torch.device) -> Precision:
+    """The base precision (fp32, bf16, fp16) the config's precision section names for
+    `device` (auto: bf16 where CUDA runs it, else fp32); BadInput when it cannot run there."""
+    name = section.name
     if name == "auto":
         cuda_bf16 = device.type == "cuda" and torch.cuda.is_bf16_supported()
         name = "bf16" if cuda_bf16 else "fp32"
     prec = BASE[name]()
     reason = prec.unavailable(device)
     if reason:
-        raise BadInput(f"{cfg.where('precision')}: key 'precision': {reason}; use "
+        raise BadInput(f"{section.where('precision')}: key 'precision': {reason}; use "
                           f"{'bf16 or ' if name != 'bf16' else ''}fp32")
     return prec
 
@@ -52,7 +55,7 @@ def build_precision(cfg: Config, device: torch.device, warn: Callable[[str], Non
     where the backend caches its layer timings (a sweep trial's own directory; default
     output_dir); `chosen`: a finished run's derived values (its config.yaml's), whose backend
     and recipe replace fp8 auto's (evaluating its checkpoint as it trained)."""
-    base = base_precision(cfg, device)
+    base = base_precision(config_section(cfg, "precision"), device)
     if not cfg.use_fp8:
         return base
     if chosen is not None:

@@ -34,3 +34,22 @@ def test_transformers_model_gives_our_logits(tmp_path, arch, kw, dtype):
     assert scale > 0.1 and diff <= LOGIT_TOLERANCE * max(1.0, scale), (diff, scale)
     if dtype == "fp32":
         assert diff < 1e-5   # what docs/after_training.md states
+
+
+def test_a_trained_runs_autocast_is_its_base_precisions():
+    """evaluate.py, sample.py and the export's check compute as the run trained: fp32 on a CPU
+    for precision auto (no autocast), and fp16 asked on a CPU said once and computed in fp32."""
+    import torch
+
+    from fp8train.config.load import Config
+    from fp8train.evaluate.trained import autocast
+    cpu = torch.device("cpu")
+    said = []
+    for cfg, on in ((Config(), False), (Config(precision="fp16"), False),
+                    (Config(precision="bf16"), True)):
+        with autocast(cfg, cpu, said.append):
+            assert torch.is_autocast_enabled("cpu") == on
+            if on:
+                assert torch.get_autocast_dtype("cpu") == torch.bfloat16
+    assert said == ["<defaults>: key 'precision': fp16 with loss scaling needs a CUDA GPU; use "
+                    "bf16 or fp32: computing in fp32"]
