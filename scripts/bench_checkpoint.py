@@ -20,7 +20,6 @@ import platform
 import shutil
 import sys
 import time
-from types import SimpleNamespace
 
 
 def parse(argv):
@@ -43,12 +42,13 @@ def build(preset: str, vocab: int):
     import torch
     from accelerate import Accelerator
 
+    from fp8train.config.load import Config, section
     from fp8train.model import GPT, model_config_from
     from fp8train.optim.optimizer import build_optimizer
     acc = Accelerator(cpu=not torch.cuda.is_available())
     model = GPT(model_config_from(preset, vocab, 1024)).to(acc.device)
-    opt = build_optimizer(model, SimpleNamespace(weight_decay=0.1, learning_rate=1e-4,
-                                                 beta1=0.9, beta2=0.95, adam_eps=1e-8))
+    opt = build_optimizer(model, section(Config(weight_decay=0.1, learning_rate=1e-4, beta1=0.9,
+                                                beta2=0.95, adam_eps=1e-8), "optimizer"))
     for p in model.parameters():
         p.grad = torch.zeros_like(p)
     opt.step()

@@ -27,7 +27,7 @@ import shutil
 import time
 from typing import Optional
 
-from ..errors import one_line
+from ..errors import BadInput, one_line
 from ..io import atomic_write
 from ..ranks import first_error
 from .background import BackgroundSave
@@ -178,7 +178,11 @@ class CheckpointManager:
         accelerator.load_state(path)
         vars(state).update(vars(saved))
         for name, component in (components or {}).items():
-            component.load_state_dict(states.get(name, {}))
+            try:
+                component.load_state_dict(states.get(name, {}))
+            except ValueError as e:   # a value of the wrong kind: a damaged or edited file
+                raise BadInput(f"cannot resume from '{path}': {TRAIN_STATE} cannot be read "
+                               f"(its {name} state: {one_line(e)})") from None
 
     def _clear(self, tmp: str) -> None:
         shutil.rmtree(tmp, ignore_errors=True)

@@ -70,7 +70,8 @@ def components_of(saved: dict) -> dict:
     component kept its own state holds it as counters (LEGACY): read as its state_dict (the
     precision's hand-over then also as `handed_over`). ValueError when the section is not a
     mapping of mappings."""
-    found = saved.get(COMPONENTS, {})
+    found = saved.get(COMPONENTS)
+    found = {} if found is None else found
     if not isinstance(found, dict) or not all(isinstance(v, dict) for v in found.values()):
         raise ValueError(f"'{COMPONENTS}' is {found!r}")
     out = {name: dict(state) for name, state in found.items()}

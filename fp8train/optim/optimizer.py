@@ -73,7 +73,7 @@ def check_distributed(opt, distributed_type: str) -> None:
     """Muon orthogonalises whole matrices, which FSDP shards: refused there, in one line.
     `opt`: the config's optimizer section."""
     if opt.name == "muon" and distributed_type == "FSDP":
-        raise BadInput(f"{opt.where('optimizer')}: key 'optimizer': muon orthogonalises whole "
+        raise BadInput(f"{opt.source}: key 'optimizer': muon orthogonalises whole "
                        "matrices, which FSDP shards: launch with DDP "
                        "(accelerate_configs/8xh100.yaml) or use optimizer: adamw")
 

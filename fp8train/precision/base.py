@@ -384,7 +384,11 @@ class Fp8Backend(Precision):
                 self.margin_added += 1
         self.disabled = self.disabled or bool(state.get("off", False))
         self.handed_over = self.handed_over or bool(state.get("handed_over", False))
-        if self.handed_over_tokens is None:
+        if not state.get("handed_over", False):
+            # A checkpoint from before the hand-over (a rollback past it): FP8 stays off, and
+            # the tokens it was handed over at are not this run's any more.
+            self.handed_over_tokens = None
+        elif self.handed_over_tokens is None:
             self.handed_over_tokens = state.get("handed_over_tokens")
         if state.get("off") and state.get("off_reason"):
             self.off_reason = state["off_reason"]

@@ -22,6 +22,21 @@ def test_visualize_lr_schedule_writes_a_png_and_prints_values(tmp_path):
     assert float(values["0"]) == 0.003 / 2000
 
 
+def test_checkpoint_benchmark_times_both_modes_with_the_trainers_writer(tmp_path):
+    """scripts/bench_checkpoint.py on the tiny preset: one synchronous and one background save,
+    each timed, in results.json and the table; the checkpoints removed afterwards."""
+    import json
+    r = subprocess.run([sys.executable, "scripts/bench_checkpoint.py", "--preset", "tiny",
+                        "--vocab", "256", "--repeats", "1", "--out", str(tmp_path / "b")],
+                       cwd=ROOT, capture_output=True, text=True, timeout=300)
+    assert r.returncode == 0, r.stderr
+    results = json.loads((tmp_path / "b" / "results.json").read_text())["results"]
+    assert [(x["mode"], x["save"]) for x in results] == [("sync", 1), ("async", 1)]
+    assert all(0 < x["blocked_s"] <= x["save_s"] and x["size_gb"] > 0 for x in results)
+    assert "| sync | 1 |" in r.stdout and "| async | 1 |" in r.stdout
+    assert [p.name for p in (tmp_path / "b").iterdir()] == ["results.json"]
+
+
 def test_visualize_rejects_warmup_past_the_end(tmp_path):
     r = subprocess.run([sys.executable, "scripts/visualize_lr_schedule.py", "--warmup_steps",
                         "10", "--total_steps", "10", "--max_lr", "0.1"], cwd=ROOT,

@@ -931,3 +931,56 @@ def test_a_failed_background_write_at_the_end_is_written_again(tmp_path, monkeyp
     warned = [m for m in said if m.startswith("WARNING")]
     assert len(warned) == 1 and "No space left on device" in warned[0] and \
         warned[0].endswith("writing it again before the run ends")
+
+
+def test_a_components_state_of_the_wrong_kind_is_one_line_and_null_is_none(tmp_path):
+    """A damaged or edited train_state.json: a component's value of the wrong kind stops the
+    resume in one line naming the file and the component; `"components": null` reads as none."""
+    import json
+    from pathlib import Path
+
+    from fp8train.checkpoint.files import TRAIN_STATE
+    from fp8train.checkpoint.train_state import TrainState
+    from fp8train.errors import BadInput
+    from fp8train.evaluate.evaluator import EvalRecord
+    m = CheckpointManager(str(tmp_path), keep=3)
+    acc, st = _OneProcess(), TrainState()
+    path = m.save(acc, st, "", {})
+    bad = {**st.to_dict(), "components": {"evaluator": {"best_val_loss": "low"}}}
+    (Path(path) / TRAIN_STATE).write_text(json.dumps(bad))
+    with pytest.raises(BadInput, match=r"train_state.json cannot be read \(its evaluator state: "
+                                       r"'best_val_loss' is 'low'\)"):
+        m.restore(acc, path, TrainState(), {"evaluator": EvalRecord()})
+    (Path(path) / TRAIN_STATE).write_text(json.dumps({**st.to_dict(), "components": None}))
+    rec = EvalRecord()
+    m.restore(acc, path, TrainState(), {"evaluator": rec})
+    assert rec.state_dict() == EvalRecord().state_dict()
+
+
+def test_a_rollback_past_fp8_untils_hand_over_keeps_fp8_off_and_forgets_its_tokens():
+    """fp8_until handed FP8 over after 1,000 tokens; a rollback to a checkpoint from before the
+    hand-over keeps FP8 off (remedies only add up) but the report no longer claims those 1,000
+    tokens in FP8 (the steps after the checkpoint are trained again, in the base precision). A
+    checkpoint from after the hand-over brings its tokens back on resume."""
+    import torch
+
+    from fp8train.config.load import Config
+    from fp8train.model import GPT, model_config_from
+    from fp8train.precision import build_precision
+
+    def native():
+        prec = build_precision(Config(use_fp8=True, fp8_backend="native"), torch.device("cpu"),
+                               warn=pytest.fail)
+        prec.convert(GPT(model_config_from("tiny", 256, 64)))
+        return prec
+    prec = native()
+    before = prec.state_dict()
+    assert prec.hand_over(1000).startswith("FP8 handed over to fp32")
+    after = prec.state_dict()
+    assert after["handed_over_tokens"] == 1000 and prec.hand_over(2000) is None
+    prec.load_state_dict(before)
+    assert prec.status() == {"fp8_margin": 0, "fp8_on": 0}
+    assert prec.state_dict()["handed_over_tokens"] is None
+    resumed = native()
+    resumed.load_state_dict(after)
+    assert resumed.state_dict() == after
