@@ -124,6 +124,9 @@ def main(argv=None) -> int:
     def stop(signum, frame):  # a killed job (SIGTERM) ends as Ctrl-C does
         raise KeyboardInterrupt
     signal.signal(signal.SIGTERM, stop)
+    # Ctrl-C too, as the trainer does, also where the start left SIGINT ignored (a job sent to
+    # the background by a non-interactive shell): `kill -INT` still stops it.
+    signal.signal(signal.SIGINT, stop)
     try:
         return run_reported(body)
     except KeyboardInterrupt:

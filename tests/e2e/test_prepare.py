@@ -388,7 +388,9 @@ def test_resuming_with_other_arguments_is_refused(tmp_path):
 
 def test_ctrl_c_leaves_a_resumable_folder_that_training_refuses(tmp_path):
     """SIGINT mid-run: exit 3 with one line, no traceback (the tokenizer workers too), no
-    meta.json, so training refuses the folder, and the progress a rerun resumes from."""
+    meta.json, so training refuses the folder, and the progress a rerun resumes from. Started
+    with SIGINT ignored, as a non-interactive shell starts a background job (and as this test
+    ran under one): prepare_data.py handles it itself, as the trainer does."""
     from fp8train.data.loader import load_prepared
     from fp8train.errors import BadInput
     out = tmp_path / "cut"
@@ -396,7 +398,8 @@ def test_ctrl_c_leaves_a_resumable_folder_that_training_refuses(tmp_path):
             "--output_dir", out, "--val_tokens", 1000, "--shard_tokens", 200, "--num_proc", 2]
     p = subprocess.Popen([sys.executable, "scripts/prepare_data.py", *map(str, args)], cwd=ROOT,
                          env=dict(os.environ, PYTHONUNBUFFERED="1"), stdout=subprocess.PIPE,
-                         stderr=subprocess.PIPE, text=True, start_new_session=True)
+                         stderr=subprocess.PIPE, text=True, start_new_session=True,
+                         preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_IGN))
     for line in p.stdout:
         if line.startswith("wrote train_000005.bin"):
             os.killpg(p.pid, signal.SIGINT)  # as Ctrl-C does: the workers get it too
