@@ -26,6 +26,14 @@ def module_name(path: Path) -> str:
 MODULES = {module_name(p): p for p in PACKAGE.rglob("*.py")}
 
 
+def import_target(node: ast.ImportFrom, package: str) -> str:
+    """The module a `from ... import` names, its dots resolved against `package`."""
+    if not node.level:
+        return node.module or ""
+    base = package.split(".")
+    return ".".join(base[:len(base) - node.level + 1] + ([node.module] if node.module else []))
+
+
 def imports_of(name: str, path: Path) -> set:
     """The package modules `name` imports anywhere in its file (top level or in a function)."""
     package = name if path.name == "__init__.py" else name.rpartition(".")[0]
@@ -34,12 +42,7 @@ def imports_of(name: str, path: Path) -> set:
         if isinstance(node, ast.Import):
             found.update(a.name for a in node.names)
         elif isinstance(node, ast.ImportFrom):
-            if node.level:
-                base = package.split(".")
-                base = base[:len(base) - node.level + 1]
-                target = ".".join(base + ([node.module] if node.module else []))
-            else:
-                target = node.module or ""
+            target = import_target(node, package)
             for a in node.names:   # `from pkg import module` depends on the module only
                 sub = f"{target}.{a.name}"
                 found.add(sub if sub in MODULES else target)
@@ -169,12 +172,7 @@ def names_taken_from(folder: str, graph_modules: dict) -> dict:
         for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"))):
             if not isinstance(node, ast.ImportFrom):
                 continue
-            if node.level:
-                base = package.split(".")
-                target = ".".join(base[:len(base) - node.level + 1] +
-                                  ([node.module] if node.module else []))
-            else:
-                target = node.module or ""
+            target = import_target(node, package)
             if target == inside or target.startswith(inside + "."):
                 found.setdefault((name, target), []).extend(a.name for a in node.names)
     return found
@@ -219,10 +217,7 @@ def config_handovers(modules: dict) -> list:
         imported = {}
         for node in ast.walk(tree):
             if isinstance(node, ast.ImportFrom):
-                base = package.split(".")
-                target = ".".join(base[:len(base) - node.level + 1] +
-                                  ([node.module] if node.module else [])) if node.level \
-                    else node.module or ""
+                target = import_target(node, package)
                 if target.startswith("fp8train"):
                     imported.update({a.asname or a.name: target for a in node.names})
         for node in ast.walk(tree):
