@@ -23,12 +23,13 @@ import torch
 from ..config.load import Config
 from ..config.load import section as config_section
 from ..errors import BadInput
-from .backends import fp8_backends
+from .backends import converter, fp8_backends
 from .base import Precision
-from .choose import as_chosen, choose, is_auto
+from .choose import choose
 from .gemm_checks import backend_version, fp8_unavailable, gemm_errors
 from .numerics import rel_error, sample_model
 from .plain import BF16, FP16, FP32
+from .spec import AUTO_RECIPES, Fp8Spec
 from .verdict import describe as verdict_lines
 
 BASE = {"fp32": FP32, "bf16": BF16, "fp16": FP16}
@@ -54,40 +55,29 @@ def build_precision(cfg: Config, device: torch.device, warn: Callable[[str], Non
     """The run's precision: the base (bf16/fp32/fp16), or an FP8 backend over it. `run_dir`:
     where the backend caches its layer timings (a sweep trial's own directory; default
     output_dir); `chosen`: a finished run's derived values (its config.yaml's), whose backend
-    and recipe replace fp8 auto's (evaluating its checkpoint as it trained)."""
+    and recipe replace fp8 auto's (evaluating its checkpoint as it trained). The config is
+    read here once, into the FP8 spec (spec.Fp8Spec) the backend reads from then on."""
     base = base_precision(config_section(cfg, "precision"), device)
     if not cfg.use_fp8:
         return base
+    spec = Fp8Spec.of(cfg, run_dir)
     if chosen is not None:
-        cfg = as_chosen(cfg, chosen)
-    from .choose import provisional   # fp8 auto: a backend to start with (choose.py decides)
-    auto = is_auto(cfg)
-    cfg = provisional(cfg, _runs_here(cfg, base, device))
-    backend = fp8_backends()[cfg.fp8_backend](cfg, base, run_dir)
-    reason = backend.unavailable(device)
-    if reason is None:
-        backend.auto = auto
-        return backend
-    if cfg.fp8_fallback == "error":
-        raise BadInput(f"{cfg.where('fp8_backend', 'use_fp8')}: key 'fp8_backend': "
-                          f"'{cfg.fp8_backend}' cannot run "
-                          f"here: {reason} (fp8_fallback: error; fp8_fallback: bf16 trains "
-                          "without FP8 instead)")
-    warn(f"FP8 backend '{cfg.fp8_backend}' cannot run here: {reason}. Training WITHOUT FP8, "
-         f"in {base.name} (fp8_fallback: bf16; set fp8_fallback: error to stop instead)")
-    base.fallback_from = f"{cfg.fp8_backend}: {reason}"
-    return base
+        spec = spec.as_chosen(chosen)
+    # fp8 auto: a backend to start with (choose.py decides)
+    spec = spec.provisional(_runs_here(spec, base, device))
+    return converter(spec, base, device, warn)
 
 
-def _runs_here(cfg: Config, base: Precision, device: torch.device) -> Callable[[str], bool]:
+def _runs_here(spec: Fp8Spec, base: Precision,
+               device: torch.device) -> Callable[[str], bool]:
     """Whether an FP8 backend (with its default recipe) runs on `device`: on a GPU only, since
     on a CPU fp8_backend auto takes native, FP8 being emulated whatever the backend."""
-    from .choose import AUTO_RECIPES, concrete
 
     def runs(name: str) -> bool:
         if device.type != "cuda":
             return False
-        backend = fp8_backends()[name](concrete(cfg, name, AUTO_RECIPES[name][0]), base)
+        trial = spec.decide(name, AUTO_RECIPES[name][0], "provisional")
+        backend = fp8_backends()[name](trial, base)
         try:
             return backend.unavailable(device) is None
         except Exception:  # e.g. a format the default recipe refuses (a BadInput)

@@ -69,9 +69,9 @@ NOT_FSDP2 = {"NO": "one process", "MULTI_GPU": "DDP",
 class TorchAO(Fp8Backend):
     label = "torchao"
 
-    def __init__(self, cfg, base: Precision, run_dir: Optional[str] = None):
-        super().__init__(cfg, base, run_dir)
-        self.name = f"fp8-torchao-{cfg.fp8_recipe} ({base.name} elsewhere)"
+    def __init__(self, spec, base: Precision):
+        super().__init__(spec, base)
+        self.name = f"fp8-torchao-{spec.recipe} ({base.name} elsewhere)"
         self.modules: dict = {}
         self.model: Optional[nn.Module] = None   # what convert converted: FSDP2 shards it in place
         self.trials = False
@@ -87,7 +87,7 @@ class TorchAO(Fp8Backend):
     def decide_fsdp_all_gather(self) -> bool:
         """fp8_fsdp_all_gather's effective value: on for FSDP2 with the tensorwise recipe
         unless the key is false (validation refuses true with another recipe)."""
-        if self.cfg.fp8_fsdp_all_gather is False or self.cfg.fp8_recipe != "tensorwise" or \
+        if self.spec.fsdp_all_gather is False or self.spec.recipe != "tensorwise" or \
                 self.trials:
             return False
         self.distributed_as = distribution()
@@ -105,7 +105,7 @@ class TorchAO(Fp8Backend):
 
     def float8_config(self):
         float8, _ = import_float8()
-        config = float8.Float8LinearConfig.from_recipe_name(self.cfg.fp8_recipe)
+        config = float8.Float8LinearConfig.from_recipe_name(self.spec.recipe)
         return dataclasses.replace(config, emulate=self.emulate,
                                    enable_fsdp_float8_all_gather=self.fsdp_all_gather)
 
@@ -135,7 +135,7 @@ class TorchAO(Fp8Backend):
             return float8_utils.amax_to_scale(amax, dtypes[kind], pow2)
 
         probe = GatheredWeightProbe if self.fsdp_all_gather else ScaleProbe
-        self.recorder = probe(self.modules, scale_fn, dtypes, self.cfg.fp8_log_layers)
+        self.recorder = probe(self.modules, scale_fn, dtypes, self.spec.log_layers)
         return model
 
     def after_optimizer_step(self) -> None:
@@ -170,11 +170,11 @@ class TorchAO(Fp8Backend):
 
     def cautions(self) -> list:
         out = super().cautions()
-        if not self.emulate and not self.cfg.compile and self.selection.chosen:
+        if not self.emulate and not self.spec.compile and self.selection.chosen:
             out.append("torchao float8 without compile: its casts to FP8 run as separate "
                        "kernels around every GEMM, which usually makes the converted layers "
                        "slower than bf16; set compile: true")
-        if self.cfg.fp8_fsdp_all_gather and not self.fsdp_all_gather and not self.trials and \
+        if self.spec.fsdp_all_gather and not self.fsdp_all_gather and not self.trials and \
                 self.distributed_as not in (None, "FSDP2"):
             how = NOT_FSDP2.get(self.distributed_as, f"Accelerate's {self.distributed_as}")
             out.append(f"fp8_fsdp_all_gather: true does nothing here: this run is not sharded "
@@ -192,7 +192,7 @@ class TorchAO(Fp8Backend):
         how = "emulated on CPU: numerics only, no speed-up" if self.emulate else "CUDA"
         gather = "; FSDP2 all-gathers the weights in FP8 (scales precomputed after each " \
             "optimizer step)" if self.fsdp_all_gather else ""
-        return (f"FP8 torchao ({how}); recipe {self.cfg.fp8_recipe}, dynamic scaling "
+        return (f"FP8 torchao ({how}); recipe {self.spec.recipe}, dynamic scaling "
                 f"(fp8_margin / fp8_amax_* do not apply){gather}")
 
     def derived(self) -> dict:

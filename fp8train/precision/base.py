@@ -256,10 +256,10 @@ class Fp8Backend(Precision):
     fp8 = True
     label = "fp8"
 
-    def __init__(self, cfg, base: Precision, run_dir: Optional[str] = None):
-        """`run_dir`: where fp8_layers auto caches its timings (the run's directory: a sweep
-        trial's own; default output_dir)."""
-        self.cfg, self.base = cfg, base
+    def __init__(self, spec, base: Precision):
+        """`spec`: the FP8 spec it trains with (spec.Fp8Spec: the only settings it reads);
+        `base`: the precision of everything it does not convert."""
+        self.spec, self.base = spec, base
         self.mixed_precision = base.mixed_precision
         self.name = f"fp8-{self.label} ({base.name} elsewhere)"
         self.emulate = False      # CPU: FP8 GEMMs emulated in fp32
@@ -274,11 +274,19 @@ class Fp8Backend(Precision):
         self.tokens: Optional[int] = None   # set_tokens; None: fp8_layers auto times nothing
         self.info: Callable[[str], None] = lambda msg: None
         self.timer = None         # fp8_layers auto: shape -> (base s, fp8 s); None: CUDA events
-        self.layer_policy = cfg.fp8_layers   # what the layer policy did, for config.yaml
-        self.run_dir = run_dir or cfg.output_dir
+        self.layer_policy = spec.layers   # what the layer policy did, for config.yaml
         # On resume, the layers the checkpoint's run converted ("all" for runs from before the
         # policy existed): its weights only load into the same set, whatever timing says now.
         self.resumed_layers: "list | str | None" = None
+
+    @property
+    def auto(self) -> bool:
+        """fp8 auto: this backend and recipe are provisional, still to be chosen (choose.py)."""
+        return self.spec.decided == "provisional"
+
+    def decided(self, how: str) -> None:
+        """fp8 auto settled on this backend and recipe as they are (`how`: spec.decided)."""
+        self.spec = self.spec.decide(self.spec.backend, self.spec.recipe, how)
 
     def set_tokens(self, tokens: int, info: Optional[Callable[[str], None]] = None) -> None:
         self.tokens = tokens
@@ -288,15 +296,15 @@ class Fp8Backend(Precision):
     def resume_layers(self, saved: dict) -> None:
         """Take fp8_layers auto's decision from the `derived` values of the checkpoint being
         resumed, instead of timing again."""
-        if self.cfg.fp8_layers == "auto" and not str(saved.get("fp8", "off")).startswith("off"):
+        if self.spec.layers == "auto" and not str(saved.get("fp8", "off")).startswith("off"):
             self.resumed_layers = saved.get("fp8_layer_names", "all")
 
     def select(self, model: nn.Module):
         from .layers import select_linears
         from .policy import layer_decision
-        mode = self.cfg.fp8_layers
+        mode = self.spec.layers
         if self.resumed_layers is not None:
-            sel = select_linears(model, 0, self.cfg.fp8_exclude)
+            sel = select_linears(model, 0, self.spec.exclude)
             if self.resumed_layers != "all":
                 for name in [n for n in sel.chosen if n not in self.resumed_layers]:
                     sel.chosen.remove(name)
@@ -304,8 +312,8 @@ class Fp8Backend(Precision):
             self.selection, self.layer_policy = sel, "auto (the resumed checkpoint's decision)"
             return sel.chosen
         keep = layer_decision(self, model) if mode == "auto" else {}
-        min_size = self.cfg.fp8_min_layer_size if mode == "min_size" else 0
-        self.selection = select_linears(model, min_size, self.cfg.fp8_exclude, keep)
+        min_size = self.spec.min_layer_size if mode == "min_size" else 0
+        self.selection = select_linears(model, min_size, self.spec.exclude, keep)
         return self.selection.chosen
 
     def conversion(self) -> list:
@@ -313,7 +321,7 @@ class Fp8Backend(Precision):
             else [self.describe()]
 
     def fresh(self, device: torch.device) -> "Fp8Backend":
-        backend = type(self)(self.cfg, self.base.fresh(device), self.run_dir)
+        backend = type(self)(self.spec, self.base.fresh(device))
         backend.unavailable(device)   # as build_precision asks it (a CPU: emulated)
         return backend
 
@@ -321,9 +329,9 @@ class Fp8Backend(Precision):
         """A fresh backend of this kind for timing one layer (fp8_layers auto): it converts
         every layer it is given and logs no per-layer scales. `unavailable` must be called on it
         before `convert`, as for any backend."""
-        cfg = dataclasses.replace(self.cfg, fp8_layers="all", fp8_min_layer_size=0,
-                                  fp8_exclude=[], fp8_log_layers=False)
-        return type(self)(cfg, self.base).for_trials()
+        spec = dataclasses.replace(self.spec, layers="all", min_layer_size=0, exclude=(),
+                                   log_layers=False)
+        return type(self)(spec, self.base).for_trials()
 
     def device_gate(self, device: torch.device, cpu_emulation: bool) -> Optional[str]:
         if device.type == "cuda":
@@ -335,7 +343,7 @@ class Fp8Backend(Precision):
             f"no FP8 on {device.type}"
 
     def forward_context(self, training: bool):
-        if self.disabled or not (training or self.cfg.fp8_eval):
+        if self.disabled or not (training or self.spec.eval):
             return self.high_precision()
         return self.fp8_context()
 
@@ -348,7 +356,7 @@ class Fp8Backend(Precision):
         return False
 
     def margin(self) -> int:
-        return self.cfg.fp8_margin + self.margin_added
+        return self.spec.margin + self.margin_added
 
     def recover(self, how: str, why: Optional[str] = None) -> str | None:
         if self.disabled:
@@ -421,7 +429,7 @@ class Fp8Backend(Precision):
         off = f" (until fp8_until, then {self.base.name})" if self.handed_over else \
             f" (switched off {self.off_reason})" if self.disabled else ""
         return {"precision": self.base.name, "fp8": self.label + emulated + off,
-                "fp8_backend": self.label, "fp8_recipe": self.cfg.fp8_recipe,
+                "fp8_backend": self.label, "fp8_recipe": self.spec.recipe,
                 **({"fp8_choice": self.fp8_choice} if self.fp8_choice else {}),
                 "fp8_layers": len(self.selection.chosen), "fp8_layer_policy": self.layer_policy,
                 "fp8_layer_names": list(self.selection.chosen)}

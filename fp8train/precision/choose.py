@@ -49,46 +49,13 @@ from typing import Callable, Optional
 import torch
 from torch import nn
 
-# The recipes auto weighs, per backend (torchao's rowwise_with_gw_hp is rowwise with a bf16
-# weight-gradient GEMM: slower than rowwise by design, chosen for accuracy, by name).
-AUTO_RECIPES = {"te": ("delayed", "current", "block"), "torchao": ("tensorwise", "rowwise"),
-                "native": ("delayed", "current")}
-BACKENDS = ("te", "torchao", "native")   # fp8_backend: auto's order, on a tie too
+from .spec import AUTO_RECIPES
+
+# The recipes auto weighs, per backend, and the backends' order: spec.py's AUTO_RECIPES and
+# BACKENDS (torchao's rowwise_with_gw_hp is rowwise with a bf16 weight-gradient GEMM: slower
+# than rowwise by design, chosen for accuracy, by name).
 MAX_OUTPUT_ERROR = 0.10
 MAX_GRAD_ERROR = 0.20
-
-
-def is_auto(cfg) -> bool:
-    return bool(cfg.use_fp8) and "auto" in (cfg.fp8_backend, cfg.fp8_recipe)
-
-
-def concrete(cfg, backend: str, recipe: str):
-    return dataclasses.replace(cfg, fp8_backend=backend, fp8_recipe=recipe)
-
-
-def provisional(cfg, runs: Callable[[str], bool]):
-    """The config a run builds before it chooses (the batch probe's, and a CPU run's): the
-    first backend of BACKENDS that `runs` here (native otherwise), with its default recipe."""
-    if not is_auto(cfg):
-        return cfg
-    backend = cfg.fp8_backend
-    if backend == "auto":
-        backend = next((b for b in BACKENDS[:-1] if runs(b)), BACKENDS[-1])
-    return concrete(cfg, backend, AUTO_RECIPES[backend][0] if cfg.fp8_recipe == "auto"
-                    else cfg.fp8_recipe)
-
-
-def as_chosen(cfg, derived: dict):
-    """A finished run's config with the backend and recipe fp8 auto chose (its config.yaml's
-    derived values) in place of auto: what evaluating or sampling its checkpoint in FP8 needs."""
-    if not is_auto(cfg) or not derived.get("fp8_backend") or not derived.get("fp8_recipe"):
-        return cfg
-    return concrete(cfg, derived["fp8_backend"], derived["fp8_recipe"])
-
-
-def candidates(cfg) -> list:
-    backends = BACKENDS if cfg.fp8_backend == "auto" else (cfg.fp8_backend,)
-    return [(b, r) for b in backends for r in AUTO_RECIPES[b]]
 
 
 @dataclass
@@ -145,10 +112,10 @@ class Share:
     source: Optional[str] = None   # what the numerics ran on (None: nothing checked)
 
 
-def try_share(cfg, mine: list, make: Callable[[object], object], device: torch.device,
+def try_share(spec, mine: list, make: Callable[[object], object], device: torch.device,
               counts: dict, cached: Callable, timer, numerics_for: Callable,
               budget_s: float) -> Share:
-    """Time and check each of `mine` ((index, Trial) of this rank): `make(config)` builds a
+    """Time and check each of `mine` ((index, Trial) of this rank): `make(spec)` builds a
     candidate's backend, `cached(backend)` returns its timings from the cache or None,
     `timer` (timing.LayerTimer) times the shapes, `numerics_for(backend)` gives its (output
     error, gradient error).
@@ -165,7 +132,7 @@ def try_share(cfg, mine: list, make: Callable[[object], object], device: torch.d
         # A candidate that fails (a recipe TE refuses for this format, out of memory at this
         # token count, a kernel this GPU lacks) is listed with why, not the end of the run.
         try:
-            backend = make(concrete(cfg, trial.backend, trial.recipe))
+            backend = make(spec.decide(trial.backend, trial.recipe, "chosen"))
             trial.why_not = backend.unavailable(device)
             if trial.why_not:
                 continue
@@ -202,8 +169,8 @@ def try_share(cfg, mine: list, make: Callable[[object], object], device: torch.d
         if ratios.get(id(t)):
             t.host_ratio = max(ratios[id(t)])
         try:
-            t.seconds, t.base_seconds = step_seconds(t.timings, counts, cfg.fp8_layers,
-                                                     cfg.fp8_auto_margin)
+            t.seconds, t.base_seconds = step_seconds(t.timings, counts, spec.layers,
+                                                     spec.auto_margin)
             t.output_error, t.grad_error = numerics_for(backends[id(t)])
         except Exception as e:
             t.why_not, t.seconds = f"failed: {one_line(e, with_type=True)}", None
@@ -276,47 +243,53 @@ def record(trials: list, chosen: Optional[Trial], cost: Optional[dict] = None) -
 
 # --- the run's entry point ----------------------------------------------------------------------
 
-def choose(cfg, prec, model: nn.Module, saved: Optional[dict], info: Callable[[str], None],
-           warn: Callable[[str], None], build: Callable, run_dir: Optional[str] = None, *,
-           device: Optional[torch.device] = None, timer=None,
+def choose(prec, model: nn.Module, saved: Optional[dict], info: Callable[[str], None],
+           warn: Callable[[str], None], *, device: Optional[torch.device] = None, timer=None,
            numerics_for: Optional[Callable] = None, sample: Optional[Callable] = None):
-    """The run's precision once fp8 auto has chosen: `prec` (built from the provisional config,
-    its token count set) or a backend of the chosen recipe, made by `build(config)` (the run's
-    build_precision). `model`: the unconverted model (on the meta device will do: only its
-    Linears' shapes are read); `device`: where the run trains (default the model's); `saved`:
-    the resumed checkpoint's derived values; `sample(shapes)`: numerics.Sample per shape from
-    the model on real data (None: Gaussian noise). `timer` and `numerics_for` replace the
-    real measurements (tests; with `timer` a CPU times too)."""
-    if not is_auto(cfg) or not prec.fp8:
+    """The run's precision once fp8 auto has chosen: `prec` (built from the provisional spec,
+    its token count set) or a backend of the chosen recipe over a fresh base precision; its
+    spec says how it was decided. `model`: the unconverted model (on the meta device will do:
+    only its Linears' shapes are read); `device`: where the run trains (default the model's);
+    `saved`: the resumed checkpoint's derived values; `sample(shapes)`: numerics.Sample per
+    shape from the model on real data (None: Gaussian noise). `timer` and `numerics_for`
+    replace the real measurements (tests; with `timer` a CPU times too)."""
+    if not prec.auto:
         return prec
+    from .backends import converter
     from .policy import device_of, eligible_shapes
+    spec = prec.spec
     device = device or device_of(model)
+
+    def build(backend: str, recipe: str, how: str):
+        return converter(spec.decide(backend, recipe, how), prec.base.fresh(device), device,
+                         warn)
+
     if saved and saved.get("fp8_backend") in AUTO_RECIPES and saved.get("fp8_recipe"):
         name = f"{saved['fp8_backend']} {saved['fp8_recipe']}"
         info(f"fp8 auto: {name}, as the resumed checkpoint's run chose (nothing timed)")
-        chosen = build(concrete(cfg, saved["fp8_backend"], saved["fp8_recipe"]))
+        chosen = build(saved["fp8_backend"], saved["fp8_recipe"], "resumed")
         return _with_choice(chosen, prec, dict(chosen=name, table=[], note="resumed"))
-    default = f"{prec.label} {prec.cfg.fp8_recipe}"
+    default = f"{prec.label} {spec.recipe}"
     if device.type != "cuda" and timer is None:
         note = (f"nothing timed on {device.type} (FP8 is emulated there, slower whatever the "
                 f"recipe): {default}, the default")
         info(f"fp8 auto: {note}")
-        return _with_choice(prec, prec, dict(chosen=default, table=[], note=note))
-    counts = eligible_shapes(model, cfg.fp8_exclude)
+        return _with_choice(prec, prec, dict(chosen=default, table=[], note=note), "default")
+    counts = eligible_shapes(model, spec.exclude)
     if not counts:
         info(f"fp8 auto: no eligible Linear to time: {default}, the default")
-        return _with_choice(prec, prec, dict(chosen=default, table=[], note="no eligible layer"))
-    trials, cost, source = _measured(cfg, prec, device, counts, run_dir, timer, numerics_for,
-                                     sample)
+        return _with_choice(prec, prec, dict(chosen=default, table=[], note="no eligible layer"),
+                            "default")
+    trials, cost, source = _measured(prec, device, counts, timer, numerics_for, sample)
     best = pick(trials)
     for line in table(trials, best, prec.tokens, prec.base.name, source):
         info(line)
-    info(cost_line(trials, cost, cfg.fp8_choice_budget_s))
+    info(cost_line(trials, cost, spec.choice_budget_s))
     choice = record(trials, best, cost)
     if best is None:
         warn(f"fp8 auto: no recipe passed the numerics check (the table above): training with "
              f"{default}, the default; set fp8_recipe to choose another")
-        return _with_choice(prec, prec, choice)
+        return _with_choice(prec, prec, choice, "default")
     info(f"fp8 auto: {best.name} chosen")
     if best.seconds >= best.base_seconds:
         warn(f"fp8 auto: no recipe makes this model's Linears faster than {prec.base.name} at "
@@ -328,8 +301,8 @@ def choose(cfg, prec, model: nn.Module, saved: Optional[dict], info: Callable[[s
              f"{_host_bound():g} in the table above: the GPU waited for Python), so they measure "
              "launch overhead more than the layers; compile: true (or a larger micro-batch) "
              "gives timings of the GPU")
-    chosen = prec if best.name == default else build(concrete(cfg, best.backend, best.recipe))
-    return _with_choice(chosen, prec, choice)
+    chosen = prec if best.name == default else build(best.backend, best.recipe, "chosen")
+    return _with_choice(chosen, prec, choice, "chosen")
 
 
 def _host_bound() -> float:
@@ -359,16 +332,17 @@ def wait_s(budget_s: float) -> float:
     return 2 * budget_s + 600
 
 
-def _measured(cfg, prec, device, counts, run_dir, timer, numerics_for, sample):
+def _measured(prec, device, counts, timer, numerics_for, sample):
     """(the trials in candidate order, the cost, what the numerics ran on): each rank its share
     of the candidates (ranks.Phase), with the cache of fp8_layers auto, which rank 0 writes."""
     from ..ranks import Phase, rank_world
     from .backends import fp8_backends
     from .policy import cache_path, layer_cache_key, read_cache, write_cache
     from .timing import LayerTimer
-    tokens, path = prec.tokens, cache_path(cfg, run_dir)
+    spec = prec.spec
+    tokens, path = prec.tokens, cache_path(spec)
     rank, world = rank_world()
-    trials = [Trial(b, r) for b, r in candidates(cfg)]
+    trials = [Trial(b, r) for b, r in spec.candidates()]
     mine = [(i, t) for i, t in enumerate(trials) if i % world == rank]
     for _, t in mine:
         t.rank = rank
@@ -377,21 +351,21 @@ def _measured(cfg, prec, device, counts, run_dir, timer, numerics_for, sample):
         return layer_cache_key(backend, device, tokens, counts)
 
     def cached(backend):
-        return None if cfg.reprobe else read_cache(path, key(backend))
+        return None if spec.reprobe else read_cache(path, key(backend))
 
-    def make(config):
-        return fp8_backends()[config.fp8_backend](config, prec.base, run_dir)
+    def make(trial_spec):
+        return fp8_backends()[trial_spec.backend](trial_spec, prec.base)
 
     numerics = _Numerics(counts, device, tokens, sample, numerics_for)
 
     def share() -> Share:
-        out = try_share(cfg, mine, make, device, counts, cached,
-                        timer or LayerTimer(device, tokens, prec.base, cfg), numerics,
-                        cfg.fp8_choice_budget_s)
+        out = try_share(spec, mine, make, device, counts, cached,
+                        timer or LayerTimer(device, tokens, prec.base, spec), numerics,
+                        spec.choice_budget_s)
         out.source = numerics.source
         return out
 
-    with Phase("fp8 auto: timing the recipes", wait_s(cfg.fp8_choice_budget_s)) as phase:
+    with Phase("fp8 auto: timing the recipes", wait_s(spec.choice_budget_s)) as phase:
         shares = phase.each(share, " (name fp8_backend and fp8_recipe to skip it)")
     ordered = [t for _, t in sorted((it for s in shares for it in s.trials),
                                     key=lambda it: it[0])]
@@ -399,8 +373,8 @@ def _measured(cfg, prec, device, counts, run_dir, timer, numerics_for, sample):
         for t in ordered:
             if t.measured() and not t.cached:
                 try:
-                    write_cache(path, key(make(concrete(cfg, t.backend, t.recipe))), t.timings,
-                                0.0)
+                    write_cache(path, key(make(spec.decide(t.backend, t.recipe, "chosen"))),
+                                t.timings, 0.0)
                 except OSError:
                     pass   # not cached: timed again next time
     cost = dict(seconds=round(max(s.seconds for s in shares), 2),
@@ -440,8 +414,13 @@ class _Numerics:
         return self.check(backend)
 
 
-def _with_choice(chosen, provisional_prec, choice: dict):
+def _with_choice(chosen, provisional_prec, choice: dict, how: Optional[str] = None):
+    """`chosen` with the choice's record and the provisional precision's token count; `how`:
+    how its backend and recipe were decided (its spec says so), when it is the provisional
+    precision itself."""
     if chosen.fp8:
+        if how is not None and chosen is provisional_prec:
+            chosen.decided(how)
         chosen.set_tokens(provisional_prec.tokens, provisional_prec.info)
         chosen.fp8_choice = choice
     return chosen

@@ -130,10 +130,11 @@ def te_errors(device, recipe_name: str = "delayed") -> dict:
     import torch
 
     from ..config.load import Config
+    from .spec import Fp8Spec
     from .te import RECIPES, build_recipe, recipe_kwargs
     te = importlib.import_module("transformer_engine.pytorch")
-    cfg = Config(fp8_backend="te", fp8_recipe=recipe_name)
-    recipe = build_recipe(cfg)
+    spec = Fp8Spec.of(Config(use_fp8=True, fp8_backend="te", fp8_recipe=recipe_name))
+    recipe = build_recipe(spec)
     x, w, g = _operands(device)
     lin = te.Linear(CHECK_DIM, CHECK_DIM, bias=False, params_dtype=torch.bfloat16,
                     device=device)
@@ -149,7 +150,7 @@ def te_errors(device, recipe_name: str = "delayed") -> dict:
             y = lin(xr)
         y.backward(g)
     grad_err = max(rel_err(xr.grad, g @ w), rel_err(lin.weight.grad, g.t() @ x))
-    kw = recipe_kwargs(cfg)
+    kw = recipe_kwargs(spec)
     what = (f"DelayedScaling({kw['fp8_format']}, history {kw['amax_history_len']})"
             if recipe_name == "delayed" else
             f"{RECIPES[recipe_name][0]}({kw['fp8_format']})")

@@ -355,11 +355,11 @@ class Native(Fp8Backend):
         return self.device_gate(device, cpu_emulation=True)
 
     def convert(self, model: nn.Module) -> nn.Module:
-        cfg = self.cfg
+        spec = self.spec
         names = self.select(model)
-        self.state = Fp8State(names, cfg.fp8_format, cfg.fp8_amax_history_len, cfg.fp8_margin,
-                              cfg.fp8_amax_compute_algo, self.emulate, cfg.fp8_log_layers,
-                              current=cfg.fp8_recipe == "current")
+        self.state = Fp8State(names, spec.format, spec.amax_history_len, spec.margin,
+                              spec.amax_compute_algo, self.emulate, spec.log_layers,
+                              current=spec.recipe == "current")
         param = next(model.parameters(), None)
         if param is not None:
             self.state.to(param.device)
@@ -425,7 +425,7 @@ class Native(Fp8Backend):
             self.new_step = True  # the optimizer steps next: the next pass casts the weights
 
     def raise_margin(self) -> bool:
-        if self.cfg.fp8_recipe == "current":
+        if self.spec.recipe == "current":
             return False
         self.state.margin += 1
         return True
@@ -433,10 +433,10 @@ class Native(Fp8Backend):
     def describe(self) -> str:
         how = "emulated on CPU: numerics only, no speed-up" if self.emulate \
             else "torch._scaled_mm"
-        if self.cfg.fp8_recipe == "current":
+        if self.spec.recipe == "current":
             return (f"FP8 native ({how}); current scaling (each tensor scaled from its own "
-                    f"amax at every cast), {self.cfg.fp8_format}")
-        return (f"FP8 native ({how}); delayed scaling, {self.cfg.fp8_format}, margin "
-                f"{self.margin()}, amax history {self.cfg.fp8_amax_history_len} "
-                f"({self.cfg.fp8_amax_compute_algo})")
+                    f"amax at every cast), {self.spec.format}")
+        return (f"FP8 native ({how}); delayed scaling, {self.spec.format}, margin "
+                f"{self.margin()}, amax history {self.spec.amax_history_len} "
+                f"({self.spec.amax_compute_algo})")
 

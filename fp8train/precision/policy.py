@@ -155,10 +155,10 @@ def report(counts: "OrderedDict[Shape, int]", measured: Measured, margin: float,
 
 # --- the cache ----------------------------------------------------------------------------------
 
-def cache_path(cfg, run_dir: Optional[str] = None) -> str:
+def cache_path(spec) -> str:
     """fp8_layers.json in the batch-probe cache's directory (batch_cache_dir, else the run's
     directory)."""
-    return os.path.join(cfg.cache_dir(run_dir), CACHE_FILE)
+    return os.path.join(spec.cache_dir, CACHE_FILE)
 
 
 def cache_key(device: str, backend: str, settings: dict, base: str, versions: dict,
@@ -172,8 +172,8 @@ def layer_cache_key(backend, device: torch.device, tokens: int, shapes) -> dict:
     """The cache key of `backend`'s timings of `shapes` at `tokens` on `device` (also what
     fp8 auto's trials are cached under: the chosen one's layer decision then times nothing)."""
     device_name = torch.cuda.get_device_name(device) if device.type == "cuda" else device.type
-    return cache_key(device_name, backend.cfg.fp8_backend, backend_settings(backend),
-                     backend.base.name, versions(backend.cfg.fp8_backend), tokens, shapes)
+    return cache_key(device_name, backend.spec.backend, backend_settings(backend),
+                     backend.base.name, versions(backend.spec.backend), tokens, shapes)
 
 
 def read_cache(path: str, key: dict) -> Optional[dict]:
@@ -195,15 +195,15 @@ def write_cache(path: str, key: dict, timings: dict, seconds: float) -> None:
 
 def backend_settings(backend) -> dict:
     """The keys that change how fast a backend's layers are."""
-    cfg = backend.cfg
-    out = {"fp8_recipe": cfg.fp8_recipe} if cfg.fp8_backend == "torchao" else \
-        {"fp8_format": cfg.fp8_format}
-    if cfg.fp8_backend != "torchao" and cfg.fp8_recipe != "delayed":
-        out["fp8_recipe"] = cfg.fp8_recipe   # (delayed left out: caches from before stay valid)
+    spec = backend.spec
+    out = {"fp8_recipe": spec.recipe} if spec.backend == "torchao" else \
+        {"fp8_format": spec.format}
+    if spec.backend != "torchao" and spec.recipe != "delayed":
+        out["fp8_recipe"] = spec.recipe   # (delayed left out: caches from before stay valid)
     if backend.base.name == "fp32":
-        out["tf32"] = cfg.tf32
-    if cfg.compile:   # timed as the run executes: compiled
-        out["compile_mode"] = cfg.compile_mode
+        out["tf32"] = spec.tf32
+    if spec.compile:   # timed as the run executes: compiled
+        out["compile_mode"] = spec.compile_mode
     return out
 
 
@@ -243,7 +243,7 @@ def layer_decision(backend, model: nn.Module) -> dict:
         backend.info(CPU_NOTE.format(device=device.type))
         backend.layer_policy = f"auto: as all ({device.type}, FP8 emulated: not timed)"
         return {}
-    counts = eligible_shapes(model, backend.cfg.fp8_exclude)
+    counts = eligible_shapes(model, backend.spec.exclude)
     if not counts:
         backend.layer_policy = "auto: no eligible layer to time"
         return {}
@@ -251,10 +251,10 @@ def layer_decision(backend, model: nn.Module) -> dict:
     timer = backend.timer or device_timer(backend, device, tokens)
     key = layer_cache_key(backend, device, tokens, counts)
     rank, world = rank_world()
-    keep, measured = decide(counts, key, cache_path(backend.cfg, backend.run_dir), timer,
-                            backend.cfg.fp8_auto_margin, backend.base.name, label, tokens,
-                            backend.info, rank, world, refresh=backend.cfg.reprobe,
-                            wait_s=2 * backend.cfg.fp8_choice_budget_s + 600)
+    keep, measured = decide(counts, key, cache_path(backend.spec), timer,
+                            backend.spec.auto_margin, backend.base.name, label, tokens,
+                            backend.info, rank, world, refresh=backend.spec.reprobe,
+                            wait_s=2 * backend.spec.choice_budget_s + 600)
     # Kept for the end-of-run verdict (verdict.py): what FP8 was measured to buy, per shape.
     backend.layer_timings = dict(measured.timings)
     how = "cached" if measured.cached else "timed"
@@ -272,7 +272,7 @@ def device_timer(backend, device: torch.device, tokens: int) -> Timer:
     """time_shape on the device (timing.LayerTimer): the base precision and FP8 of one shape;
     dynamo forgets the compiled timing layers after each shape."""
     from .timing import LayerTimer
-    timer = LayerTimer(device, tokens, backend.base, backend.cfg)
+    timer = LayerTimer(device, tokens, backend.base, backend.spec)
 
     def time_shape(shape: Shape) -> "tuple[float, float]":
         try:

@@ -50,23 +50,24 @@ _FORMAT_NAMES = {"hybrid": "HYBRID", "e4m3": "E4M3"}
 _TE_PIP = "pip install --no-build-isolation 'transformer_engine[pytorch]'"
 
 
-def recipe_kwargs(cfg, margin: int | None = None, reduce_amax: bool = True) -> dict:
+def recipe_kwargs(spec, margin: int | None = None, reduce_amax: bool = True) -> dict:
     """The DelayedScaling arguments, with the format as the name of TE's Format member.
     reduce_amax=False only for fp8_layers auto's timing, which runs on rank 0 alone: with it,
     TE would all-reduce the amaxes over ranks that never join."""
-    return dict(fp8_format=_FORMAT_NAMES[cfg.fp8_format],
-                margin=cfg.fp8_margin if margin is None else margin, amax_history_len=cfg.fp8_amax_history_len,
-                amax_compute_algo=cfg.fp8_amax_compute_algo, reduce_amax=reduce_amax)
+    return dict(fp8_format=_FORMAT_NAMES[spec.format],
+                margin=spec.margin if margin is None else margin,
+                amax_history_len=spec.amax_history_len,
+                amax_compute_algo=spec.amax_compute_algo, reduce_amax=reduce_amax)
 
 
-def build_recipe(cfg, recipe_module=None, margin: int | None = None, reduce_amax: bool = True):
-    """The transformer_engine.common.recipe object for cfg.fp8_recipe, with the config's
+def build_recipe(spec, recipe_module=None, margin: int | None = None, reduce_amax: bool = True):
+    """The transformer_engine.common.recipe object for spec.recipe, with the config's
     fp8_format. A recipe TE refuses to build is a BadInput (one line, TE's reason)."""
     if recipe_module is None:
         from transformer_engine.common import recipe as recipe_module
-    cls = getattr(recipe_module, RECIPES[cfg.fp8_recipe][0])
-    kw = recipe_kwargs(cfg, margin, reduce_amax) if cfg.fp8_recipe == "delayed" else {}
-    kw["fp8_format"] = getattr(recipe_module.Format, _FORMAT_NAMES[cfg.fp8_format])
+    cls = getattr(recipe_module, RECIPES[spec.recipe][0])
+    kw = recipe_kwargs(spec, margin, reduce_amax) if spec.recipe == "delayed" else {}
+    kw["fp8_format"] = getattr(recipe_module.Format, _FORMAT_NAMES[spec.format])
     # Current and block scaling get the format alone: margin and reduce_amax are DelayedScaling
     # fields (TE's pydantic dataclasses would drop them without a word). Current scaling has
     # nothing to reduce across data-parallel ranks: each rank scales its own tensors at every
@@ -83,9 +84,9 @@ def build_recipe(cfg, recipe_module=None, margin: int | None = None, reduce_amax
         return cls(**kw)
     except Exception as e:   # pydantic's ValidationError, carrying the recipe's own assertion
         raise BadInput(
-            f"{cfg.where('fp8_format', 'fp8_recipe')}: key 'fp8_format': Transformer Engine's "
-            f"{cls.__name__} (fp8_recipe: {cfg.fp8_recipe}) cannot be built with fp8_format "
-            f"'{cfg.fp8_format}': {_validation_message(e)}") from None
+            f"{spec.where('fp8_format', 'fp8_recipe')}: key 'fp8_format': Transformer Engine's "
+            f"{cls.__name__} (fp8_recipe: {spec.recipe}) cannot be built with fp8_format "
+            f"'{spec.format}': {_validation_message(e)}") from None
 
 
 def _validation_message(e: Exception) -> str:
@@ -125,8 +126,8 @@ class TransformerEngine(Fp8Backend):
     eager_under_compile = ("Transformer Engine's layers run eagerly between the compiled pieces "
                            "of each block")
 
-    def __init__(self, cfg, base: Precision, run_dir: Optional[str] = None):
-        super().__init__(cfg, base, run_dir)
+    def __init__(self, spec, base: Precision):
+        super().__init__(spec, base)
         self.te = None            # transformer_engine.pytorch, once unavailable() imported it
         self.recipes = None       # transformer_engine.common.recipe
         self.recipe = None
@@ -135,7 +136,7 @@ class TransformerEngine(Fp8Backend):
 
     @property
     def delayed(self) -> bool:
-        return self.cfg.fp8_recipe == "delayed"
+        return self.spec.recipe == "delayed"
 
     def for_trials(self) -> "TransformerEngine":
         # With reduce_amax, every TE scale update all-reduces the amaxes over all ranks: in
@@ -165,10 +166,10 @@ class TransformerEngine(Fp8Backend):
             return (f"transformer_engine cannot be imported ({one_line(e, 200, with_type=True)}); "
                     f"{_TE_PIP}")
         from transformer_engine.common import recipe as recipes
-        why = recipe_unavailable(te, recipes, self.cfg.fp8_recipe)
+        why = recipe_unavailable(te, recipes, self.spec.recipe)
         if why:
             return why
-        build_recipe(self.cfg, recipes)   # a format the recipe refuses: exit 2 before any work
+        build_recipe(self.spec, recipes)   # a format the recipe refuses: exit 2 before any work
         self.te, self.recipes = te, recipes
         if self.delayed:
             # TE refuses to unpickle its delayed-scaling state from a checkpoint unless told to;
@@ -178,7 +179,7 @@ class TransformerEngine(Fp8Backend):
 
     def convert(self, model: nn.Module) -> nn.Module:
         te = self.te
-        self.recipe = build_recipe(self.cfg, self.recipes, margin=self.margin(),
+        self.recipe = build_recipe(self.spec, self.recipes, margin=self.margin(),
                                    reduce_amax=self.reduce_amax)
         linear = te.Linear if self.delayed else stateless_linear(te.Linear)
         for name in self.select(model):
@@ -194,7 +195,7 @@ class TransformerEngine(Fp8Backend):
         # Recompute blocks with TE's checkpoint, which re-enters FP8 with the saved scales
         # (torch's would recompute outside TE's autocast, in high precision).
         model.checkpoint_fn = lambda block, x: te.checkpoint(block, x, use_reentrant=False)
-        self.recorder = scale_probe(self.modules, self.cfg, self.recipe)
+        self.recorder = scale_probe(self.modules, self.spec, self.recipe)
         return model
 
     def _autocast(self, enabled: bool):
@@ -243,16 +244,16 @@ class TransformerEngine(Fp8Backend):
 
     def describe(self) -> str:
         if self.delayed:
-            kw = recipe_kwargs(self.cfg, self.margin())
+            kw = recipe_kwargs(self.spec, self.margin())
             return ("FP8 Transformer Engine: DelayedScaling(" +
                     ", ".join(f"{k}={v}" for k, v in kw.items()) + ")")
         r = self.recipe
         if r is None:
-            return (f"FP8 Transformer Engine: {RECIPES[self.cfg.fp8_recipe][0]}"
-                    f"(fp8_format={_FORMAT_NAMES[self.cfg.fp8_format]})")
+            return (f"FP8 Transformer Engine: {RECIPES[self.spec.recipe][0]}"
+                    f"(fp8_format={_FORMAT_NAMES[self.spec.format]})")
         fmt = r.fp8_format.name
         pow2 = "power-of-2" if r.fp8_quant_fwd_inp.power_2_scale else "float32"
-        if self.cfg.fp8_recipe == "current":
+        if self.spec.recipe == "current":
             return (f"FP8 Transformer Engine: Float8CurrentScaling(fp8_format={fmt}): each "
                     f"tensor scaled from its own amax at every cast, {pow2} scales "
                     "(fp8_margin / fp8_amax_* do not apply)")
@@ -313,15 +314,15 @@ def stateless_linear(linear_cls):
 _STATELESS: dict = {}
 
 
-def scale_probe(modules: dict, cfg, recipe) -> ScaleProbe:
+def scale_probe(modules: dict, spec, recipe) -> ScaleProbe:
     """The per-layer scale read-out for the recipe in use (metric names as for every backend).
     delayed: the scale in TE's fp8_meta. current: TE's current-scaling scale of the tensor
     itself, fp8_max / amax, with the recipe's power-of-2 rounding and amax epsilon. block: the
     same per tile (the probe reports the median tile scale)."""
-    fwd, bwd = FORMATS[cfg.fp8_format]
+    fwd, bwd = FORMATS[spec.format]
     dtypes = {"input": fwd, "weight": fwd, "grad_output": bwd}
-    if cfg.fp8_recipe == "delayed":
-        return ScaleProbe(modules, _te_scale, dtypes, cfg.fp8_log_layers)
+    if spec.recipe == "delayed":
+        return ScaleProbe(modules, _te_scale, dtypes, spec.log_layers)
     # te.Linear sets its current-scaling quantizers' power-of-2 and epsilon from these QParams
     # (module/linear.py, _customize_quantizers_float8_current_scaling), and block scaling's
     # quantizers are built from them (quantization.py, Float8BlockScalingRecipeState).
@@ -333,11 +334,11 @@ def scale_probe(modules: dict, cfg, recipe) -> ScaleProbe:
         return te_scale(amax, FP8_MAX[dtypes[kind]], q.power_2_scale, q.amax_epsilon)
 
     tiles = None
-    if cfg.fp8_recipe == "block":
+    if spec.recipe == "block":
         tiles = {"input": _tile(recipe.x_block_scaling_dim),
                  "weight": _tile(recipe.w_block_scaling_dim),
                  "grad_output": _tile(recipe.grad_block_scaling_dim)}
-    return ScaleProbe(modules, scale_fn, dtypes, cfg.fp8_log_layers, tiles)
+    return ScaleProbe(modules, scale_fn, dtypes, spec.log_layers, tiles)
 
 
 def global_state_manager():

@@ -88,11 +88,11 @@ def layer_step(layer: nn.Module, x: torch.Tensor, base, fp8=None,
 
 class LayerTimer:
     """Times shapes in the base precision (`base`) and converted by FP8 backends (`fp8`) on
-    `device` at `tokens` rows; `cfg`: the run's config (compile, compile_mode)."""
+    `device` at `tokens` rows; `spec`: the FP8 spec (compile, compile_mode)."""
 
-    def __init__(self, device: torch.device, tokens: int, base, cfg, warmup: int = 3,
+    def __init__(self, device: torch.device, tokens: int, base, spec, warmup: int = 3,
                  repeats: int = 5, iters: int = 10):
-        self.device, self.tokens, self.base_prec, self.cfg = device, tokens, base, cfg
+        self.device, self.tokens, self.base_prec, self.spec = device, tokens, base, spec
         self.warmup, self.repeats, self.iters = warmup, repeats, iters
         self.graphs = 0          # graphs compiled so far (one per compiled layer: its fwd + bwd)
         self._base: dict = {}    # shape -> Timed: the base precision, once
@@ -119,7 +119,7 @@ class LayerTimer:
 
     def forget(self) -> None:
         """Dynamo forgets the compiled timing layers (and their CUDA graph pools)."""
-        if self.cfg.compile:
+        if self.spec.compile:
             torch.compiler.reset()
         release_memory(self.device if self.device.type == "cuda" else None)
 
@@ -137,8 +137,8 @@ class LayerTimer:
         x = torch.randn(self.tokens, layer.in_features, device=self.device, dtype=dtype,
                         requires_grad=True)
         compiled = None
-        if self.cfg.compile and (fp8 is None or fp8.eager_under_compile is None):
-            mode = None if self.cfg.compile_mode == "default" else self.cfg.compile_mode
+        if self.spec.compile and (fp8 is None or fp8.eager_under_compile is None):
+            mode = None if self.spec.compile_mode == "default" else self.spec.compile_mode
             compiled = lambda m: torch.compile(m, mode=mode, dynamic=False)   # noqa: E731
             self.graphs += 1
         return layer_step(layer, x, self.base_prec, fp8, compiled)

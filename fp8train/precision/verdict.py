@@ -86,7 +86,7 @@ def facts_of(prec, model) -> Fp8Facts:
             shape = None
         converted[name] = shape
     timings = getattr(prec, "layer_timings", None)
-    return Fp8Facts(asked=True, label=prec.label, recipe=getattr(prec.cfg, "fp8_recipe", None),
+    return Fp8Facts(asked=True, label=prec.label, recipe=prec.spec.recipe,
                     base=prec.base.name, emulated=bool(prec.emulate),
                     disabled=bool(prec.disabled), converted=converted,
                     off_reason="at fp8_until, for the cool-down" if prec.handed_over

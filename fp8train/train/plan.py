@@ -30,7 +30,7 @@ from ..errors import BadInput
 from ..observe.logger import Logger
 from ..optim.schedule import describe as describe_schedule
 from ..optim.schedule import fp8_until_step, scaled_lr
-from ..precision import Precision, build_precision, choose, sample_model
+from ..precision import Precision, choose, sample_model
 
 
 @dataclass(frozen=True)
@@ -167,9 +167,8 @@ def _choose_fp8(cfg: Config, prec: Precision, acc, mcfg, batch: BatchDecision, w
 
     # Under FSDP the whole model may not fit one GPU: the numerics take Gaussian noise there.
     sharded = acc.distributed_type == "FSDP"
-    chosen = choose(cfg, prec, shapes, saved or None,
-                    log.msg, log.warn, lambda c: build_precision(c, acc.device, log.warn, run_dir),
-                    run_dir, device=acc.device, sample=None if sharded else sample)
+    chosen = choose(prec, shapes, saved or None, log.msg, log.warn, device=acc.device,
+                    sample=None if sharded else sample)
     if chosen is not prec and written is None and not saved:
         log.msg(f"fp8 auto: the batch plan again, for {chosen.name}")
         batch = decide_batch(cfg, written, mcfg, chosen, acc, saved, run_dir, log)

@@ -23,7 +23,7 @@ def test_timer_steps_are_compiled_when_the_run_compiles(compile_):
     from fp8train.precision.timing import LayerTimer, fp8_layer
     prec = build_precision(Config(use_fp8=True, fp8_backend="native", compile=compile_),
                            CPU, warn=pytest.fail)
-    timer = LayerTimer(CPU, 32, prec.base, prec.cfg)
+    timer = LayerTimer(CPU, 32, prec.base, prec.spec)
     trial, layer = fp8_layer(WINS, prec, CPU)
     steps = [timer._step(torch.nn.Linear(*WINS), None), timer._step(layer, trial)]
     for step in steps:
@@ -67,12 +67,11 @@ def test_fp8_auto_compiles_the_base_once_per_shape_and_each_candidate_once(tmp_p
                     fp8_exclude=["lm_head", "*.attn.*"])
     prec = build_precision(config, CPU, warn=pytest.fail, run_dir=str(tmp_path))
     prec.set_tokens(64)
-    timer = LayerTimer(CPU, 64, prec.base, config, warmup=1, repeats=1, iters=1)
+    timer = LayerTimer(CPU, 64, prec.base, prec.spec, warmup=1, repeats=1, iters=1)
     torch._dynamo.reset()
     torch._dynamo.utils.counters.clear()
     lines = []
-    out = choose(config, prec, tiny_model(n_layer=1, n_embd=64), None, lines.append,
-                 lines.append, lambda c: build_precision(c, CPU, pytest.fail), str(tmp_path),
+    out = choose(prec, tiny_model(n_layer=1, n_embd=64), None, lines.append, lines.append,
                  timer=timer, numerics_for=lambda backend: (0.03, 0.07))
     assert timer.graphs == 2 + 2 * 2
     assert torch._dynamo.utils.counters["stats"]["unique_graphs"] == timer.graphs

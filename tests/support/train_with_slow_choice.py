@@ -45,7 +45,7 @@ def install() -> None:
             if started:
                 open(f"{started}.{rank}", "w").close()
             time.sleep(seconds[min(rank, len(seconds) - 1)])
-            return Timed(1e-3 if backend.cfg.fp8_recipe == "current" else 2e-3, 1e-4)
+            return Timed(1e-3 if backend.spec.recipe == "current" else 2e-3, 1e-4)
 
         def forget(self):
             pass

@@ -29,6 +29,7 @@ from fp8train.model import GPT, model_config_from
 from fp8train.precision.ao import TorchAO
 from fp8train.precision.native import Fp8Linear, Fp8State, Native
 from fp8train.precision.plain import BF16
+from fp8train.precision.spec import Fp8Spec
 from fp8train.train.health import Health
 from fp8train.loss import lm_loss
 from fp8train.optim.optimizer import build_optimizer
@@ -258,7 +259,7 @@ def test_native_fp8_train_step_traces_on_cuda(arch, micro_batches):
     accumulation (where the backend keeps the FP8 weights cast by the first for the second)."""
     cfg = Config(use_fp8=True, fp8_backend="native", fp8_layers="all", fp8_amax_history_len=16)
     with fake_cuda():
-        backend = Native(cfg, BF16())
+        backend = Native(Fp8Spec.of(cfg), BF16())
         assert backend.unavailable(CUDA) is None and not backend.emulate
         model = backend.convert(gpt(arch))
         layers = backend.selection.chosen
@@ -294,7 +295,7 @@ GEMMS = {"tensorwise": 3, "rowwise": 3, "rowwise_with_gw_hp": 2}
 def test_torchao_fp8_train_step_traces_on_cuda(recipe, arch):
     cfg = Config(use_fp8=True, fp8_backend="torchao", fp8_recipe=recipe, fp8_layers="all")
     with fake_cuda():
-        backend = TorchAO(cfg, BF16())
+        backend = TorchAO(Fp8Spec.of(cfg), BF16())
         assert backend.unavailable(CUDA) is None and not backend.emulate
         model = backend.convert(gpt(arch))
         layers = backend.selection.chosen

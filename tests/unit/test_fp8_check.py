@@ -14,6 +14,7 @@ from fp8train.checkpoint.train_state import TrainState
 from fp8train.config.load import Config
 from fp8train.precision import build_precision
 from fp8train.precision import te as te_backend
+from fp8train.precision.spec import Fp8Spec
 from fp8train.train.fp8_check import LossGapCheck
 
 CPU = torch.device("cpu")
@@ -81,7 +82,8 @@ def test_under_te_the_check_runs_outside_fp8_autocast(monkeypatch):
     checks on real TE."""
     te = install_fake_te(monkeypatch)
     cfg = Config(use_fp8=True, fp8_backend="te", fp8_check_interval=1)
-    prec = te_backend.TransformerEngine(cfg, build_precision(Config(), CPU, pytest.fail))
+    prec = te_backend.TransformerEngine(Fp8Spec.of(cfg),
+                                        build_precision(Config(), CPU, pytest.fail))
     prec.te, prec.recipes = te, te.recipes
     model = prec.convert(tiny_model())
     x = torch.randint(0, 256, (2, 64))

@@ -12,9 +12,9 @@ from support.precision_shared import tiny_model
 from fp8train.config.load import Config
 from fp8train.errors import BadInput
 from fp8train.precision import build_precision
-from fp8train.precision.choose import (MAX_GRAD_ERROR, MAX_OUTPUT_ERROR, as_chosen, choose,
-                                       provisional, step_seconds)
+from fp8train.precision.choose import MAX_GRAD_ERROR, MAX_OUTPUT_ERROR, choose, step_seconds
 from fp8train.precision.numerics import checker, gaussian
+from fp8train.precision.spec import Fp8Spec
 from fp8train.precision.timing import Timed
 
 CPU = torch.device("cpu")
@@ -43,7 +43,7 @@ class FakeTimer:
         return Timed(3e-3, 3e-3 * self.host)
 
     def fp8(self, backend, shape):
-        key = (backend.cfg.fp8_backend, backend.cfg.fp8_recipe)
+        key = (backend.spec.backend, backend.spec.recipe)
         if key in self.fail:
             raise self.fail[key]
         self.timed.append((key, shape))
@@ -64,12 +64,11 @@ def run_choose(tmp_path, numerics=None, saved=None, seconds=SECONDS, timer=None,
     timer = timer or FakeTimer(seconds)
 
     def numerics_for(backend):
-        return (numerics or {}).get((backend.cfg.fp8_backend, backend.cfg.fp8_recipe), GOOD)
+        return (numerics or {}).get((backend.spec.backend, backend.spec.recipe), GOOD)
 
     log = Log()
-    out = choose(config, prec, tiny_model(n_layer=2), saved, log.lines.append,
-                 log.warnings.append, lambda c: build_precision(c, CPU, pytest.fail),
-                 str(tmp_path), timer=timer, numerics_for=numerics_for)
+    out = choose(prec, tiny_model(n_layer=2), saved, log.lines.append, log.warnings.append,
+                 timer=timer, numerics_for=numerics_for)
     return out, log, [(k, shape) for k, shape in timer.timed if k not in ("base", "forget")]
 
 
@@ -78,8 +77,8 @@ def test_the_fastest_recipe_of_the_backend_is_chosen_and_its_timings_cached(tmp_
     current is twice as fast and chosen; the backend returned runs it; the table is in the log
     and in the derived values; a second start reads every timing from the cache."""
     prec, log, timed = run_choose(tmp_path, fp8_backend="native", fp8_recipe="auto")
-    assert (prec.label, prec.cfg.fp8_recipe) == ("native", "current")
-    assert len(timed) == 8 and {k for k, _ in timed} == {("native", "delayed"),
+    assert (prec.label, prec.spec.recipe, prec.spec.decided) == ("native", "current", "chosen")
+    assert not prec.auto and len(timed) == 8 and {k for k, _ in timed} == {("native", "delayed"),
                                                           ("native", "current")}
     assert "fp8 auto: native current chosen" in log.lines
     rows = [line for line in log.lines if line.startswith("  native")]
@@ -91,14 +90,14 @@ def test_the_fastest_recipe_of_the_backend_is_chosen_and_its_timings_cached(tmp_
     cache = json.loads((tmp_path / "fp8_layers.json").read_text())
     assert len(cache["entries"] if "entries" in cache else cache) >= 2
     again, log, timed = run_choose(tmp_path, fp8_backend="native", fp8_recipe="auto")
-    assert not timed and again.cfg.fp8_recipe == "current"
+    assert not timed and again.spec.recipe == "current"
     assert all(", cached)" in line for line in log.lines if line.startswith("  native"))
 
 
 def test_a_faster_recipe_whose_numerics_fail_loses_to_a_slower_sound_one(tmp_path):
     bad = {("native", "current"): (0.5, 0.9)}
     prec, log, _ = run_choose(tmp_path, bad, fp8_backend="native", fp8_recipe="auto")
-    assert prec.cfg.fp8_recipe == "delayed"
+    assert prec.spec.recipe == "delayed"
     row = next(line for line in log.lines if line.startswith("  native current"))
     assert f"numerics: output error 50.0% (at most {MAX_OUTPUT_ERROR:.0%})" in row
     assert f"gradient 90.0% (at most {MAX_GRAD_ERROR:.0%})" in row
@@ -109,7 +108,7 @@ def test_fp8_backend_auto_weighs_every_backend_and_lists_the_ones_that_cannot_ru
     torchao and native are timed; torchao rowwise is fastest and the returned backend is
     torchao's."""
     prec, log, timed = run_choose(tmp_path, fp8_backend="auto")
-    assert (prec.label, prec.cfg.fp8_recipe) == ("torchao", "rowwise")
+    assert (prec.label, prec.spec.recipe) == ("torchao", "rowwise")
     te_rows = [line for line in log.lines if line.startswith("  te ")]
     assert len(te_rows) == 3 and all("cannot run: Transformer Engine needs a CUDA GPU" in row
                                      for row in te_rows)
@@ -119,25 +118,27 @@ def test_fp8_backend_auto_weighs_every_backend_and_lists_the_ones_that_cannot_ru
 def test_when_no_recipe_passes_the_default_stays_with_a_warning(tmp_path):
     bad = {k: (0.9, 0.9) for k in SECONDS}
     prec, log, _ = run_choose(tmp_path, bad, fp8_backend="native", fp8_recipe="auto")
-    assert prec.cfg.fp8_recipe == "delayed" and prec.fp8_choice["chosen"] is None
+    assert prec.spec.recipe == "delayed" and prec.fp8_choice["chosen"] is None
+    assert prec.spec.decided == "default"
     assert len(log.warnings) == 1 and "no recipe passed the numerics check" in log.warnings[0]
 
 
 def test_a_resumed_run_keeps_its_checkpoints_choice_without_timing(tmp_path):
     saved = {"fp8_backend": "native", "fp8_recipe": "current"}
     prec, log, timed = run_choose(tmp_path, saved=saved, fp8_backend="auto")
-    assert not timed and (prec.label, prec.cfg.fp8_recipe) == ("native", "current")
+    assert not timed and (prec.label, prec.spec.recipe) == ("native", "current")
+    assert prec.spec.decided == "resumed"
     assert "as the resumed checkpoint's run chose" in log.lines[0]
 
 
 def test_on_a_cpu_auto_times_nothing_and_takes_the_default(tmp_path):
     config = Config(use_fp8=True, fp8_backend="auto")
     prec = build_precision(config, CPU, warn=pytest.fail)
-    assert (prec.label, prec.cfg.fp8_recipe) == ("native", "delayed")   # provisional
+    assert (prec.label, prec.spec.recipe) == ("native", "delayed")   # provisional
     log = Log()
-    out = choose(config, prec, tiny_model(), None, log.lines.append, log.warnings.append,
-                 pytest.fail)
+    out = choose(prec, tiny_model(), None, log.lines.append, log.warnings.append)
     assert out is prec and "nothing timed on cpu" in log.lines[0]
+    assert (out.spec.decided, out.auto) == ("default", False)
     assert out.fp8_choice["chosen"] == "native delayed"
 
 
@@ -173,13 +174,13 @@ def test_the_numerics_check_passes_sound_recipes_and_fails_a_broken_one(monkeypa
 
 def test_provisional_takes_the_first_backend_that_runs_and_its_default_recipe():
     auto = Config(use_fp8=True, fp8_backend="auto")
-    assert (auto.fp8_recipe, provisional(auto, lambda b: b == "torchao").fp8_backend) == \
-        ("auto", "torchao")
-    assert provisional(auto, lambda b: False).fp8_recipe == "delayed"   # native's
+    first = Fp8Spec.of(auto).provisional(lambda b: b == "torchao")
+    assert (auto.fp8_recipe, first.backend, first.decided) == ("auto", "torchao", "provisional")
+    assert Fp8Spec.of(auto).provisional(lambda b: False).recipe == "delayed"   # native's
     te = Config(use_fp8=True, fp8_backend="te", fp8_recipe="auto")
-    assert provisional(te, lambda b: True).fp8_recipe == "delayed"
-    named = Config(use_fp8=True, fp8_backend="torchao", fp8_recipe="rowwise")
-    assert provisional(named, lambda b: True) is named
+    assert Fp8Spec.of(te).provisional(lambda b: True).recipe == "delayed"
+    named = Fp8Spec.of(Config(use_fp8=True, fp8_backend="torchao", fp8_recipe="rowwise"))
+    assert named.provisional(lambda b: True) is named and named.decided == "config"
 
 
 @pytest.mark.parametrize("keys, says", [
@@ -203,7 +204,7 @@ def test_a_candidate_that_fails_is_listed_with_why_and_the_others_still_compete(
     bad = {("native", "current"): (float("inf"), 0.1)}
     out, log, _ = run_choose(tmp_path, bad, timer=FakeTimer(fail={("torchao", "rowwise"): oom}),
                              fp8_backend="auto")
-    assert (out.label, out.cfg.fp8_recipe) == ("torchao", "tensorwise")
+    assert (out.label, out.spec.recipe) == ("torchao", "tensorwise")
     row = next(line for line in log.lines if line.startswith("  torchao rowwise"))
     assert "failed: OutOfMemoryError: CUDA out of memory" in row
     assert "numerics: output error inf%" in next(
@@ -222,12 +223,12 @@ def test_a_finished_runs_config_reads_as_the_recipe_it_chose():
     choice in place of auto; a named backend and recipe, or no choice recorded, stay as they
     are."""
     derived = {"fp8_backend": "torchao", "fp8_recipe": "rowwise"}
-    cfg = as_chosen(Config(use_fp8=True, fp8_backend="auto"), derived)
-    assert (cfg.fp8_backend, cfg.fp8_recipe) == ("torchao", "rowwise")
-    named = Config(use_fp8=True, fp8_backend="native", fp8_recipe="current")
-    assert as_chosen(named, derived) is named
-    auto = Config(use_fp8=True, fp8_recipe="auto")
-    assert as_chosen(auto, {}) is auto
+    spec = Fp8Spec.of(Config(use_fp8=True, fp8_backend="auto")).as_chosen(derived)
+    assert (spec.backend, spec.recipe, spec.decided) == ("torchao", "rowwise", "resumed")
+    named = Fp8Spec.of(Config(use_fp8=True, fp8_backend="native", fp8_recipe="current"))
+    assert named.as_chosen(derived) is named
+    auto = Fp8Spec.of(Config(use_fp8=True, fp8_recipe="auto"))
+    assert auto.as_chosen({}) is auto
 
 
 def test_a_plan_probed_again_for_the_chosen_recipe_builds_its_trials_with_it():
@@ -269,7 +270,7 @@ def test_candidates_past_the_budget_are_listed_as_not_timed(tmp_path):
 
     prec, log, timed = run_choose(tmp_path, timer=Slow(), fp8_backend="native",
                                   fp8_recipe="auto", fp8_choice_budget_s=0.1)
-    assert prec.cfg.fp8_recipe == "delayed"
+    assert prec.spec.recipe == "delayed"
     # the first shape of both (base, then each candidate), then delayed alone
     assert [k[1] for k, _ in timed] == ["delayed", "current", "delayed", "delayed", "delayed"]
     row = next(line for line in log.lines if line.startswith("  native current"))

@@ -16,6 +16,7 @@ from fp8train.precision import build_precision, policy
 from fp8train.precision.layers import select_linears
 from fp8train.precision.native import Fp8Linear
 from fp8train.precision.plain import FP32
+from fp8train.precision.spec import Fp8Spec
 from fp8train.precision.te import TransformerEngine, recipe_kwargs
 from fp8train.ranks import on_rank0
 
@@ -139,8 +140,12 @@ def test_an_unwritable_cache_is_reported_and_the_run_goes_on(tmp_path):
 
 def test_cache_lives_beside_the_batch_probe_cache(tmp_path):
     cfg = Config(output_dir=str(tmp_path / "run"), batch_cache_dir=str(tmp_path / "shared"))
-    assert policy.cache_path(cfg) == str(tmp_path / "shared" / "fp8_layers.json")
-    assert policy.cache_path(Config(output_dir="runs/x")) == "runs/x/fp8_layers.json"
+    assert policy.cache_path(Fp8Spec.of(cfg)) == str(tmp_path / "shared" / "fp8_layers.json")
+    assert policy.cache_path(Fp8Spec.of(Config(output_dir="runs/x"))) == \
+        "runs/x/fp8_layers.json"
+    # A sweep trial's own directory (run_dir) when batch_cache_dir is unset.
+    assert policy.cache_path(Fp8Spec.of(Config(output_dir="runs/x"), "runs/x/trial-3")) == \
+        "runs/x/trial-3/fp8_layers.json"
 
 
 def test_all_and_min_size_give_the_old_selections_without_timing(tmp_path):
@@ -254,7 +259,7 @@ def test_timer_steps_run_the_backends_converted_layer_forward_and_backward(name)
     step()
     if name == "native":       # a real training step: amaxes recorded, scales updated
         assert (trial.state.scale != 1).all()
-    timer = timing.LayerTimer(CPU, 32, prec.base, prec.cfg, warmup=1, repeats=1, iters=1)
+    timer = timing.LayerTimer(CPU, 32, prec.base, prec.spec, warmup=1, repeats=1, iters=1)
     base, fp8 = timer.base(WINS), timer.fp8(prec, WINS)
     assert base.seconds > 0 and fp8.seconds > 0 and base.host_ratio == 1.0  # CPU: one clock
     assert timer.base(WINS) is base     # the base precision once per shape
@@ -272,7 +277,7 @@ def test_timing_warms_up_drops_the_first_round_and_takes_the_median(monkeypatch)
         # the 3 warm-up steps slow (compiling), one slow outlier round later: both ignored
         clock[0] += 5.0 if len(calls) <= 3 else 0.05 if 3 + 4 < len(calls) <= 3 + 8 else 0.002
 
-    timer = timing.LayerTimer(CPU, 8, None, Config(), warmup=3, repeats=5, iters=4)
+    timer = timing.LayerTimer(CPU, 8, None, Fp8Spec.of(Config()), warmup=3, repeats=5, iters=4)
     timed = timer._time(step)
     assert len(calls) == 3 + 6 * 4
     assert timed.seconds == pytest.approx(0.002) and timed.host_seconds == pytest.approx(0.002)
@@ -298,15 +303,16 @@ def test_config_keys():
 
 def test_timing_copies_convert_everything_and_te_does_not_reduce_amax_over_ranks():
     cfg = Config(use_fp8=True, fp8_backend="te", fp8_exclude=["*"], fp8_log_layers=True)
-    te = TransformerEngine(cfg, FP32())
+    spec = Fp8Spec.of(cfg)
+    te = TransformerEngine(spec, FP32())
     copy = te.timing_copy()
     assert type(copy) is TransformerEngine and copy.base is te.base
-    assert (copy.cfg.fp8_layers, copy.cfg.fp8_exclude, copy.cfg.fp8_log_layers) == \
-        ("all", [], False)
+    assert (copy.spec.layers, copy.spec.exclude, copy.spec.log_layers) == \
+        ("all", (), False)
     assert te.reduce_amax is True and copy.reduce_amax is False
-    assert recipe_kwargs(cfg)["reduce_amax"] is True
-    assert recipe_kwargs(cfg, reduce_amax=False)["reduce_amax"] is False
-    assert cfg.fp8_exclude == ["*"]   # the run's own config is untouched
+    assert recipe_kwargs(spec)["reduce_amax"] is True
+    assert recipe_kwargs(spec, reduce_amax=False)["reduce_amax"] is False
+    assert te.spec.exclude == ("*",)   # the run's own spec is untouched
 
 
 def test_a_resumed_run_converts_the_checkpoints_layers_without_timing():

@@ -23,6 +23,7 @@ from fp8train.precision.layers import compact_names, select_linears
 from fp8train.precision.native import Fp8Linear, Fp8State, fp8_mm
 from fp8train.precision.scaling import (E4M3, E5M2, FP8_MAX, quant_stats, quantize,
                                         update_delayed_scaling)
+from fp8train.precision.spec import Fp8Spec
 
 
 def fp8_layer(lin, **state_kw):
@@ -277,7 +278,7 @@ def test_every_fp8_key_reaches_te_delayed_scaling_as_given(fmt, margin, hist, al
     recipe_mod = te_recipe_module()
     cfg = Config(use_fp8=True, fp8_format=fmt, fp8_margin=margin, fp8_amax_history_len=hist,
                  fp8_amax_compute_algo=algo)
-    r = te_backend.build_recipe(cfg, recipe_mod)
+    r = te_backend.build_recipe(Fp8Spec.of(cfg), recipe_mod)
     assert isinstance(r, recipe_mod.DelayedScaling)
     assert r.fp8_format == getattr(recipe_mod.Format, fmt.upper())
     assert (r.margin, r.amax_history_len, r.amax_compute_algo) == (margin, hist, algo)
@@ -306,8 +307,9 @@ class StubTE:
 
 def te_on_cpu(**cfg_kw):
     """A TE backend as unavailable() leaves it on a GPU, with the stand-in for TE's modules."""
-    prec = te_backend.TransformerEngine(Config(use_fp8=True, fp8_backend="te", **cfg_kw),
-                                        build_precision(Config(), CPU, pytest.fail))
+    prec = te_backend.TransformerEngine(
+        Fp8Spec.of(Config(use_fp8=True, fp8_backend="te", **cfg_kw)),
+        build_precision(Config(), CPU, pytest.fail))
     prec.te, prec.recipes = StubTE, te_recipe_module()
     return prec
 
@@ -416,7 +418,8 @@ def test_te_turns_fp8_off_for_eval_and_samples_and_keeps_its_scales_checkpointed
         calls.append(enabled)
         yield
 
-    prec = te_backend.TransformerEngine(Config(use_fp8=True, fp8_eval=fp8_eval), FP32())
+    prec = te_backend.TransformerEngine(Fp8Spec.of(Config(use_fp8=True, fp8_eval=fp8_eval)),
+                                        FP32())
     prec.te = types.SimpleNamespace(autocast=autocast)
     meta = {"scaling_fwd": object(), "fp8_checkpoint": True}
     prec.modules = {"blocks.0.mlp.fc": types.SimpleNamespace(fp8_meta=meta)}
@@ -465,9 +468,9 @@ def test_recovery_for_torchao_and_plain_precisions():
 
 def test_te_recipe_takes_the_raised_margin():
     recipe_mod = te_recipe_module()
-    cfg = Config(use_fp8=True, fp8_margin=1)
-    assert te_backend.build_recipe(cfg, recipe_mod, margin=3).margin == 3
-    assert te_backend.recipe_kwargs(cfg, 2)["margin"] == 2
+    spec = Fp8Spec.of(Config(use_fp8=True, fp8_margin=1))
+    assert te_backend.build_recipe(spec, recipe_mod, margin=3).margin == 3
+    assert te_backend.recipe_kwargs(spec, 2)["margin"] == 2
 
 
 @pytest.mark.parametrize("compile_", [False, True])
@@ -483,3 +486,33 @@ def test_torchao_on_a_gpu_without_compile_is_called_out(compile_):
     said = prec.cautions()
     assert len(said) == (0 if compile_ else 1)
     assert all("set compile: true" in c for c in said)
+
+
+def test_the_fp8_spec_is_the_config_read_once_into_plain_frozen_values(tmp_path):
+    """build_precision reads the config into the FP8 spec once: every fp8 key by its short
+    name, the execution keys the timings depend on, the cache directory (batch_cache_dir, else
+    the run's), where each key came from; plain values (it goes to JSON as it is), frozen, and
+    the only settings the backend holds."""
+    import dataclasses
+    import json
+    cfg = Config(use_fp8=True, fp8_backend="native", fp8_recipe="current", fp8_format="e4m3",
+                 fp8_margin=2, fp8_exclude=["lm_head", "*.attn.*"], fp8_layers="all",
+                 compile=True, output_dir=str(tmp_path / "run"),
+                 origins={"fp8_margin": "--fp8_margin"})
+    prec = build_precision(cfg, CPU, warn=pytest.fail, run_dir=str(tmp_path / "trial"))
+    spec = prec.spec
+    assert spec == Fp8Spec.of(cfg, str(tmp_path / "trial"))
+    assert (spec.backend, spec.recipe, spec.format, spec.margin, spec.layers, spec.exclude) == \
+        ("native", "current", "e4m3", 2, "all", ("lm_head", "*.attn.*"))
+    assert (spec.compile, spec.cache_dir, spec.decided, spec.auto) == \
+        (True, str(tmp_path / "trial"), "config", False)
+    assert spec.where("fp8_margin") == "--fp8_margin"
+    json.dumps(dataclasses.asdict(spec))
+    with pytest.raises(dataclasses.FrozenInstanceError):
+        spec.margin = 3
+    assert not hasattr(prec, "cfg")
+    # fp8 auto: a provisional spec, its backend and recipe decided anew, the config's kept.
+    auto = build_precision(Config(use_fp8=True, fp8_backend="auto"), CPU, warn=pytest.fail)
+    assert (auto.spec.backend, auto.spec.recipe, auto.spec.asked, auto.spec.decided) == \
+        ("native", "delayed", ("auto", "auto"), "provisional")
+    assert auto.auto and not prec.auto

@@ -22,6 +22,7 @@ from fp8train.config.load import Config
 from fp8train.errors import BadInput
 from fp8train.precision import build_precision
 from fp8train.precision import te as te_backend
+from fp8train.precision.spec import Fp8Spec
 from fp8train.precision.scaling import (E4M3, SAMPLE, block_amax, block_scales, current_scale,
                                         quant_stats, quant_stats_blocks, sample, sample_with_scales,
                                         te_scale)
@@ -42,7 +43,7 @@ def _mock_h100(monkeypatch):
 def _backend(te, recipe, **kw):
     """The te backend as unavailable() leaves it on a GPU where TE runs (CPU tensors)."""
     prec = te_backend.TransformerEngine(
-        Config(use_fp8=True, fp8_backend="te", fp8_recipe=recipe, **kw),
+        Fp8Spec.of(Config(use_fp8=True, fp8_backend="te", fp8_recipe=recipe, **kw)),
         build_precision(Config(), CPU, pytest.fail))
     prec.te, prec.recipes = te, te.recipes
     return prec
@@ -87,7 +88,7 @@ def test_a_recipe_te_refuses_is_one_config_error_line(te, monkeypatch):
     monkeypatch.setitem(te_backend._FORMAT_NAMES, "e4m3", "E5M2")
     cfg = Config(use_fp8=True, fp8_backend="te", fp8_recipe="block", fp8_format="e4m3")
     with pytest.raises(BadInput) as e:
-        te_backend.build_recipe(cfg, te.recipes)
+        te_backend.build_recipe(Fp8Spec.of(cfg), te.recipes)
     text = str(e.value)
     assert "\n" not in text and "key 'fp8_format'" in text and "fp8_recipe: block" in text
     assert "Float8BlockScaling" in text and "Pure E5M2 training is not supported" in text
@@ -282,11 +283,11 @@ def _outlier(shape, small, big):
 def _watched_step(te, recipe, fmt="hybrid"):
     """One Linear(256, 256) under the recipe's scale read-out, one watched forward and backward
     with known input (1e-3, one 1e3), weight (1e-3, one 1e4) and grad_output (1e-9, one 1e2)."""
-    cfg = Config(use_fp8=True, fp8_backend="te", fp8_recipe=recipe, fp8_format=fmt)
+    spec = Fp8Spec.of(Config(use_fp8=True, fp8_backend="te", fp8_recipe=recipe, fp8_format=fmt))
     lin = nn.Linear(256, 256, bias=False)
     with torch.no_grad():
         lin.weight.copy_(_outlier((256, 256), 1e-3, 1e4))
-    probe = te_backend.scale_probe({"lin": lin}, cfg, te_backend.build_recipe(cfg, te.recipes))
+    probe = te_backend.scale_probe({"lin": lin}, spec, te_backend.build_recipe(spec, te.recipes))
     probe.watch(True)
     lin(_outlier((2, 64, 256), 1e-3, 1e3)).backward(_outlier((2, 64, 256), 1e-9, 1e2))
     return {k: v.item() for k, v in probe.stats.collect().items()}
