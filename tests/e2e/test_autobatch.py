@@ -8,12 +8,11 @@ disagree."""
 import json
 import os
 import subprocess
-import sys
 
 import pytest
 import yaml
 from support.autobatch_shared import probe_file
-from support.runs import DATA_DIR, ROOT, run_train
+from support.runs import DATA_DIR, ROOT, TORCHRUN, run_train
 from support.train_with_budgets import ENV as RANK_BUDGETS
 
 from fp8train.batch.speed import BUDGET_KEY, Timing, fastest
@@ -98,7 +97,7 @@ def torchrun2(*args, budgets):
     """Two ranks of train_fp8.py, rank i probing within the i-th of `budgets` (GB, comma-
     separated), installed by tests/support/train_with_budgets.py."""
     env = dict(os.environ, FP8TRAIN_DATA_DIR=DATA_DIR, **{RANK_BUDGETS: budgets})
-    return subprocess.run([sys.executable, "-m", "torch.distributed.run", "--nproc_per_node",
+    return subprocess.run([*TORCHRUN, "--nproc_per_node",
                            "2", "tests/support/train_with_budgets.py", *map(str, args)], cwd=ROOT,
                           env=env, capture_output=True, text=True, timeout=600)
 

@@ -12,6 +12,9 @@ import pytest
 
 from support.runs import ROOT, run_train, tiny_args
 
+# These tests time the machine with busy loops of their own: no other test may run beside them.
+pytestmark = pytest.mark.alone
+
 
 @contextmanager
 def busy_cores():

@@ -5,7 +5,7 @@ line. The choosing itself (injected timings): tests/unit/test_fp8_choose.py."""
 import json
 
 import yaml
-from support.runs import run_train, tiny_args
+from support.runs import TORCHRUN, run_train, tiny_args
 
 
 def test_auto_on_a_cpu_takes_the_default_says_why_and_the_resume_keeps_it(tmp_path):
@@ -63,7 +63,6 @@ def _two_ranks(out, env, choice_s: str, **extra):
     support/train_with_slow_choice.py makes it) on a CPU."""
     import os
     import subprocess
-    import sys
 
     from support.runs import DATA_DIR, ROOT
     full = dict(os.environ, FP8TRAIN_DATA_DIR=DATA_DIR, PYTHONUNBUFFERED="1",
@@ -72,7 +71,7 @@ def _two_ranks(out, env, choice_s: str, **extra):
                      batch_size=4, gradient_accumulation_steps=1, max_steps=2, warmup_steps=1,
                      log_interval=1,
                      eval_interval=2, checkpoint_interval=2, eval_samples=0, **extra)
-    return subprocess.Popen([sys.executable, "-m", "torch.distributed.run", "--nproc_per_node",
+    return subprocess.Popen([*TORCHRUN, "--nproc_per_node",
                              "2", "tests/support/train_with_slow_choice.py", *args], cwd=ROOT,
                             env=full, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
 

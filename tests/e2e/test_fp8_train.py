@@ -4,7 +4,7 @@ exercises the fallback and error paths."""
 
 import pytest
 import yaml
-from support.runs import rows, run_train, tiny_args
+from support.runs import TORCHRUN, rows, run_train, tiny_args
 
 AGGREGATES = {"fp8/fwd_scale", "fp8/bwd_scale", "fp8/amax", "fp8/saturated", "fp8/underflow"}
 PER_LAYER = {"fwd_scale_input", "fwd_scale_weight", "bwd_scale_grad_output", "amax_input",
@@ -273,7 +273,6 @@ def test_native_fp8_under_ddp_with_two_processes(tmp_path):
     per step, from the max over both ranks)."""
     import os
     import subprocess
-    import sys
 
     from support.runs import DATA_DIR, ROOT
     fp8 = ["--use_fp8", "--fp8_backend=native"]
@@ -281,7 +280,7 @@ def test_native_fp8_under_ddp_with_two_processes(tmp_path):
     assert run_train(*tiny_args(one, batch_size=4, gradient_accumulation_steps=2),
                      *fp8).returncode == 0
     env = dict(os.environ, FP8TRAIN_DATA_DIR=DATA_DIR)
-    r = subprocess.run([sys.executable, "-m", "torch.distributed.run", "--nproc_per_node", "2",
+    r = subprocess.run([*TORCHRUN, "--nproc_per_node", "2",
                         "train_fp8.py", *tiny_args(two, batch_size=4,
                                                    gradient_accumulation_steps=1), *fp8],
                        cwd=ROOT, env=env, capture_output=True, text=True, timeout=600)

@@ -4,11 +4,10 @@ where an uninterrupted one does, and the log says which optimizer trains what.""
 import json
 import os
 import subprocess
-import sys
 
 import pytest
 from safetensors.torch import load_file
-from support.runs import DATA_DIR, ROOT, run_train, tiny_args
+from support.runs import DATA_DIR, ROOT, TORCHRUN, run_train, tiny_args
 
 from fp8train.observe.metrics_file import read_rows
 
@@ -76,7 +75,7 @@ def test_muon_under_ddp_matches_one_process(tmp_path):
     one, two = tmp_path / "one", tmp_path / "two"
     args = dict(optimizer="muon", max_steps=8, batch_size=4)
     assert run_train(*tiny_args(one, gradient_accumulation_steps=2, **args)).returncode == 0
-    r = subprocess.run([sys.executable, "-m", "torch.distributed.run", "--nproc_per_node", "2",
+    r = subprocess.run([*TORCHRUN, "--nproc_per_node", "2",
                         "train_fp8.py", *tiny_args(two, gradient_accumulation_steps=1, **args)],
                        cwd=ROOT, env=dict(os.environ, FP8TRAIN_DATA_DIR=DATA_DIR),
                        capture_output=True, text=True, timeout=600)

@@ -91,7 +91,7 @@ def test_two_ranks_stop_together_when_one_is_signalled(tmp_path):
     psutil = pytest.importorskip("psutil")
     out = tmp_path / "run"
     proc = start(tiny_args(out, **ARGS, batch_size=4, gradient_accumulation_steps=1),
-                 launcher=("-m", "torch.distributed.run", "--nproc_per_node", "2"))
+                 launcher=("-m", "torch.distributed.run", "--standalone", "--nproc_per_node", "2"))
     wait_for_rows(out, 1, proc)
     workers = [p for p in psutil.Process(proc.pid).children()
                if "train_fp8.py" in " ".join(p.cmdline())]
@@ -284,7 +284,7 @@ def test_two_ranks_leave_an_evaluation_together_when_one_is_signalled(tmp_path):
     proc = start(tiny_args(out, max_steps=6, lr_decay_steps=6, log_interval=2, eval_interval=4,
                            checkpoint_interval=100, eval_samples=0, data_prefetch=0,
                            batch_size=4, gradient_accumulation_steps=1, eval_sequences=200),
-                 launcher=("-m", "torch.distributed.run", "--nproc_per_node", "2"),
+                 launcher=("-m", "torch.distributed.run", "--standalone", "--nproc_per_node", "2"),
                  env={"FP8TRAIN_FAULTS": "usr1@eval:4@rank1"})
     stdout, stderr = proc.communicate(timeout=600)
     assert "exitcode  : 3" in stderr, stderr[-3000:]

@@ -9,7 +9,7 @@ import numpy as np
 import pytest
 import yaml
 from safetensors.torch import load_file
-from support.runs import DATA_DIR, ROOT, rows, run_train, tiny_args, untimed
+from support.runs import DATA_DIR, ROOT, TORCHRUN, rows, run_train, tiny_args, untimed
 
 CONTRACT_TRAIN_KEYS = {"step", "tokens", "train/loss", "train/lr", "train/grad_norm",
                        "train/tokens_per_sec"}
@@ -42,7 +42,12 @@ def byte_unigram_entropy() -> float:
     return float(-(p * np.log(p)).sum())
 
 
+# Trained here (no FP8TRAIN_DEMO_RUN), the demo takes minutes on every core: it runs alone.
+TRAINS_THE_DEMO = not os.environ.get("FP8TRAIN_DEMO_RUN")
+
+
 @pytest.mark.slow
+@(pytest.mark.alone if TRAINS_THE_DEMO else pytest.mark.usefixtures())
 def test_demo_config_trains_well_below_the_unigram_baseline(tmp_path):
     """The README's quick-start command, with only the run directory moved. CI runs that very
     command just before the tests and names its run directory in FP8TRAIN_DEMO_RUN: then that
@@ -56,7 +61,10 @@ def test_demo_config_trains_well_below_the_unigram_baseline(tmp_path):
         console = (out / "train.log").read_text()
     else:
         out = tmp_path / "demo"
-        r = run_train("--config", "configs/test_fp8.yaml", "--output_dir", out)
+        # Under pytest-xdist the suite's processes get one thread each: this one gets them all.
+        every_core = {"OMP_NUM_THREADS": str(len(os.sched_getaffinity(0)))}
+        r = run_train("--config", "configs/test_fp8.yaml", "--output_dir", out,
+                      env=every_core if os.environ.get("PYTEST_XDIST_WORKER") else None)
         assert r.returncode == 0, r.stderr[-3000:]
         console = r.stdout
     assert "batch plan: micro 24 × accum 1 × 1 device" in console
@@ -189,12 +197,11 @@ def test_two_processes_match_one_process_with_the_same_effective_batch(tmp_path)
     (micro 4 × accum 2 × 1): the same sequences, so the same losses and parameters up to float
     summation order (measured difference ~3e-6)."""
     import subprocess
-    import sys
     one, two = tmp_path / "one", tmp_path / "two"
     assert run_train(*tiny_args(one, batch_size=4, gradient_accumulation_steps=2,
                                 max_steps=8)).returncode == 0
     env = dict(os.environ, FP8TRAIN_DATA_DIR=DATA_DIR)
-    r = subprocess.run([sys.executable, "-m", "torch.distributed.run", "--nproc_per_node", "2",
+    r = subprocess.run([*TORCHRUN, "--nproc_per_node", "2",
                         "train_fp8.py", *tiny_args(two, batch_size=4,
                                                    gradient_accumulation_steps=1, max_steps=8)],
                        cwd=ROOT, env=env, capture_output=True, text=True, timeout=600)
@@ -250,9 +257,8 @@ def test_a_data_error_on_rank_0_stops_every_rank(tmp_path):
     """Rank 0 fetches the corpus while the others wait; when it fails, all ranks get the error
     (no rank left waiting at a barrier)."""
     import subprocess
-    import sys
     env = dict(os.environ, FP8TRAIN_OFFLINE="1")
-    r = subprocess.run([sys.executable, "-m", "torch.distributed.run", "--nproc_per_node", "2",
+    r = subprocess.run([*TORCHRUN, "--nproc_per_node", "2",
                         "train_fp8.py", *tiny_args(tmp_path / "run",
                                                    data_dir=tmp_path / "nothing-here")],
                        cwd=ROOT, env=env, capture_output=True, text=True, timeout=120)
@@ -274,13 +280,12 @@ def test_uneven_eval_batches_over_two_ranks_give_the_one_process_val_loss(tmp_pa
     weight-0 extra forward (so every rank does the same number, as FSDP needs) and the val
     loss is still the mean over exactly the 20 sequences."""
     import subprocess
-    import sys
     kw = dict(batch_size=4, max_steps=2, warmup_steps=1, eval_sequences=20, eval_interval=2,
               eval_samples=0)
     one, two = tmp_path / "one", tmp_path / "two"
     assert run_train(*tiny_args(one, gradient_accumulation_steps=2, **kw)).returncode == 0
     env = dict(os.environ, FP8TRAIN_DATA_DIR=DATA_DIR)
-    r = subprocess.run([sys.executable, "-m", "torch.distributed.run", "--nproc_per_node", "2",
+    r = subprocess.run([*TORCHRUN, "--nproc_per_node", "2",
                         "train_fp8.py", *tiny_args(two, gradient_accumulation_steps=1, **kw)],
                        cwd=ROOT, env=env, capture_output=True, text=True, timeout=600)
     assert r.returncode == 0, r.stderr[-3000:]

@@ -40,6 +40,11 @@ def require_corpus() -> str:
     return DATA_DIR
 
 
+# torchrun on a free port of its own (--standalone): two multi-process tests side by side (the
+# suite runs two test files at a time) never meet on one rendezvous port.
+TORCHRUN = (sys.executable, "-m", "torch.distributed.run", "--standalone")
+
+
 def run_train(*args, env=None, timeout=600) -> subprocess.CompletedProcess:
     """`python train_fp8.py ARGS` in a real subprocess, from the repository root."""
     full_env = dict(os.environ, FP8TRAIN_DATA_DIR=DATA_DIR, PYTHONUNBUFFERED="1")
