@@ -52,7 +52,7 @@ class Fp8Spec:
     # `backend` and `recipe` came to be: "config" (as asked), "provisional" (auto, before the
     # choice), "chosen" (timed and checked at start), "default" (auto, nothing timed or
     # nothing passed: the backend's default), "resumed" (the resumed or evaluated run's choice).
-    asked: tuple = ("auto", "auto")
+    asked: tuple
     decided: str = "config"
     # For error messages: where each key came from (Config.where).
     source: str = "the defaults"
@@ -86,8 +86,8 @@ class Fp8Spec:
     def provisional(self, runs) -> "Fp8Spec":
         """What a run builds before fp8 auto chooses (the batch probe's, and a CPU run's): the
         first backend of BACKENDS that `runs(name)` here (native otherwise), with its default
-        recipe. This spec when nothing is auto."""
-        if not self.auto:
+        recipe. This spec when neither is auto (as the config names them, or decided already)."""
+        if "auto" not in (self.backend, self.recipe):
             return self
         backend = self.backend
         if backend == "auto":

@@ -229,6 +229,10 @@ def test_a_finished_runs_config_reads_as_the_recipe_it_chose():
     assert named.as_chosen(derived) is named
     auto = Fp8Spec.of(Config(use_fp8=True, fp8_recipe="auto"))
     assert auto.as_chosen({}) is auto
+    # Built to evaluate the finished run: its choice, not a provisional backend to choose anew.
+    prec = build_precision(Config(use_fp8=True, fp8_backend="auto"), CPU, pytest.fail,
+                           chosen={"fp8_backend": "native", "fp8_recipe": "current"})
+    assert (prec.spec.recipe, prec.spec.decided, prec.auto) == ("current", "resumed", False)
 
 
 def test_a_plan_probed_again_for_the_chosen_recipe_builds_its_trials_with_it():
