@@ -11,9 +11,9 @@ after_optimizer_step, watch/stats, recover, hand_over, state_dict, report).
 
 This module is the folder's whole public face (`__all__`): nothing outside precision/ imports
 from its modules. Besides the two above: `base_precision` (the autocast a run evaluates in),
-`choose` (fp8 auto), `sample_model` (the model's own activations for its numerics check),
-`verdict_lines` (what FP8 bought a run, in words), and for the GPU check `gemm_errors`,
-`backend_version`, `fp8_unavailable` and `rel_error`."""
+`Fp8Spec` (the FP8 settings, read once from the config and frozen: spec.py), `choose` (fp8
+auto), `verdict_lines` (what FP8 bought a run, in words), and for the GPU check
+`gemm_errors`, `backend_version`, `fp8_unavailable` and `rel_error`."""
 from __future__ import annotations
 
 from typing import Callable, Optional
@@ -27,7 +27,7 @@ from .backends import converter, fp8_backends
 from .base import Precision
 from .choose import choose
 from .gemm_checks import backend_version, fp8_unavailable, gemm_errors
-from .numerics import rel_error, sample_model
+from .numerics import rel_error
 from .plain import BF16, FP16, FP32
 from .spec import AUTO_RECIPES, Fp8Spec
 from .verdict import describe as verdict_lines
@@ -85,5 +85,5 @@ def _runs_here(spec: Fp8Spec, base: Precision,
     return runs
 
 
-__all__ = ["Precision", "build_precision", "base_precision", "choose", "sample_model",
+__all__ = ["Precision", "Fp8Spec", "build_precision", "base_precision", "choose",
            "verdict_lines", "gemm_errors", "backend_version", "fp8_unavailable", "rel_error"]

@@ -257,8 +257,7 @@ class Fp8Backend(Precision):
     label = "fp8"
 
     def __init__(self, spec, base: Precision):
-        """`spec`: the FP8 spec it trains with (spec.Fp8Spec: the only settings it reads);
-        `base`: the precision of everything it does not convert."""
+        """`spec`: its settings (spec.Fp8Spec); `base`: the precision of all it leaves alone."""
         self.spec, self.base = spec, base
         self.mixed_precision = base.mixed_precision
         self.name = f"fp8-{self.label} ({base.name} elsewhere)"
@@ -284,9 +283,13 @@ class Fp8Backend(Precision):
         """fp8 auto: this backend and recipe are provisional, still to be chosen (choose.py)."""
         return self.spec.decided == "provisional"
 
-    def decided(self, how: str) -> None:
-        """fp8 auto settled on this backend and recipe as they are (`how`: spec.decided)."""
-        self.spec = self.spec.decide(self.spec.backend, self.spec.recipe, how)
+    def model_sample(self, make_model: Callable[[], nn.Module], train_tokens, micro: int,
+                     seq_len: int, device: torch.device) -> Callable:
+        """fp8 auto's numerics input, `sample(shapes)`: the Linears' activations of a fresh
+        model (`make_model()`) on the first sequences, in the base precision (numerics.py)."""
+        from .numerics import sample_model
+        return lambda shapes: sample_model(make_model, train_tokens, micro, seq_len, self,
+                                           shapes, device)
 
     def set_tokens(self, tokens: int, info: Optional[Callable[[str], None]] = None) -> None:
         self.tokens = tokens

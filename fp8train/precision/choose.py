@@ -420,7 +420,7 @@ def _with_choice(chosen, provisional_prec, choice: dict, how: Optional[str] = No
     precision itself."""
     if chosen.fp8:
         if how is not None and chosen is provisional_prec:
-            chosen.decided(how)
+            chosen.spec = chosen.spec.decide(chosen.spec.backend, chosen.spec.recipe, how)
         chosen.set_tokens(provisional_prec.tokens, provisional_prec.info)
         chosen.fp8_choice = choice
     return chosen

@@ -30,7 +30,7 @@ from ..errors import BadInput
 from ..observe.logger import Logger
 from ..optim.schedule import describe as describe_schedule
 from ..optim.schedule import fp8_until_step, scaled_lr
-from ..precision import Precision, choose, sample_model
+from ..precision import Fp8Spec, Precision, choose
 
 
 @dataclass(frozen=True)
@@ -41,6 +41,10 @@ class RunPlan:
     lr_args: dict              # lr_at's arguments but the step
     fp8_until_step: Optional[int]   # from this step on, the base precision (fp8_until)
     saved: dict                # the resumed checkpoint's derived values ({}: a fresh run)
+    # The FP8 spec as decided: backend and recipe, and how (spec.decided: as the config names
+    # them, chosen by fp8 auto, its default, or the resumed run's); None without FP8. Which
+    # layers go to FP8 is decided when the model is converted (fp8_layers auto times them).
+    fp8: Optional[Fp8Spec] = None
 
 
 def decide(cfg: Config, prec: Precision, acc, mcfg, train_tokens, written: "BatchPlan | None",
@@ -68,7 +72,8 @@ def decide(cfg: Config, prec: Precision, acc, mcfg, train_tokens, written: "Batc
     log.msg(f"schedule: {sched.total_steps:,} steps ({sched.steps_per_epoch:,} per epoch), "
             f"warmup {sched.warmup_steps}, {after} at step {sched.lr_steps:,}")
     until = fp8_until_step(cfg.fp8_until, sched.lr_steps) if cfg.use_fp8 else None
-    return prec, RunPlan(batch, sched, lr_args, until, dict(saved))
+    return prec, RunPlan(batch, sched, lr_args, until, dict(saved),
+                         prec.spec if prec.fp8 else None)
 
 
 # --- the run's length ---------------------------------------------------------------------------
@@ -157,13 +162,10 @@ def _choose_fp8(cfg: Config, prec: Precision, acc, mcfg, batch: BatchDecision, w
     with torch.device("meta"):   # the Linears' shapes, nothing allocated
         shapes = new_model(mcfg, False)
 
-    def sample(wanted):
-        """The model's own activations at each shape: a forward and backward of the freshly
-        initialised model (activation checkpointing as the plan has it) on the first training
-        sequences."""
-        return sample_model(lambda: new_model(mcfg, batch.activation_checkpointing),
-                            train_tokens, batch.plan.micro, cfg.seq_len, prec, wanted,
-                            acc.device)
+    # The model's own activations at each shape: a forward and backward of the freshly
+    # initialised model (activation checkpointing as the plan has it) on the first sequences.
+    sample = prec.model_sample(lambda: new_model(mcfg, batch.activation_checkpointing),
+                               train_tokens, batch.plan.micro, cfg.seq_len, acc.device)
 
     # Under FSDP the whole model may not fit one GPU: the numerics take Gaussian noise there.
     sharded = acc.distributed_type == "FSDP"
