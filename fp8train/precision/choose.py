@@ -52,8 +52,7 @@ from torch import nn
 from .spec import AUTO_RECIPES
 
 # The recipes auto weighs, per backend, and the backends' order: spec.py's AUTO_RECIPES and
-# BACKENDS (torchao's rowwise_with_gw_hp is rowwise with a bf16 weight-gradient GEMM: slower
-# than rowwise by design, chosen for accuracy, by name).
+# BACKENDS, from the config's one table of backends and recipes.
 MAX_OUTPUT_ERROR = 0.10
 MAX_GRAD_ERROR = 0.20
 

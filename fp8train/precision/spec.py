@@ -11,13 +11,16 @@ import dataclasses
 from dataclasses import dataclass, field
 from typing import Optional
 
-from ..config.schema import origin_of
+from ..config.schema import FP8_RECIPES, origin_of
 
-# fp8_recipe / fp8_backend auto: each backend's recipes, its default first, and the order in
-# which fp8_backend auto tries the backends (on a tie too). One table, read by choose.py.
-AUTO_RECIPES = {"te": ("delayed", "current", "block"), "torchao": ("tensorwise", "rowwise"),
-                "native": ("delayed", "current")}
-BACKENDS = ("te", "torchao", "native")
+# fp8_recipe / fp8_backend auto: each backend's recipes (the config's table, FP8_RECIPES, its
+# default first) but those auto does not weigh: torchao's rowwise_with_gw_hp is rowwise with a
+# high-precision weight-gradient GEMM, slower by design and chosen for accuracy, by name. The
+# backends in the order fp8_backend auto tries them (on a tie too).
+NOT_WEIGHED = ("rowwise_with_gw_hp",)
+AUTO_RECIPES = {backend: tuple(r for r in recipes if r not in NOT_WEIGHED)
+                for backend, recipes in FP8_RECIPES.items()}
+BACKENDS = tuple(FP8_RECIPES)
 
 # The spec's fields that are the config's fp8_<name> keys.
 FP8_KEYS = ("backend", "recipe", "format", "margin", "amax_history_len", "amax_compute_algo",
