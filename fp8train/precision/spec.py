@@ -73,11 +73,6 @@ class Fp8Spec:
                    asked=(cfg.fp8_backend, cfg.fp8_recipe),
                    source=cfg.source, origins=dict(cfg.origins))
 
-    @property
-    def auto(self) -> bool:
-        """fp8 auto: the config leaves the backend or the recipe to be chosen at start."""
-        return "auto" in self.asked
-
     def where(self, *keys: str) -> str:
         """Where the values of `keys` (the config's flat keys) came from, for an error."""
         return origin_of(self.origins, self.source, keys)
@@ -102,7 +97,8 @@ class Fp8Spec:
         """A finished run's spec with the backend and recipe fp8 auto chose (its config.yaml's
         derived values) in place of auto: what evaluating or sampling its checkpoint in FP8
         needs. This spec when nothing is auto or nothing was chosen."""
-        if not self.auto or not derived.get("fp8_backend") or not derived.get("fp8_recipe"):
+        if "auto" not in self.asked or not derived.get("fp8_backend") or \
+                not derived.get("fp8_recipe"):
             return self
         return self.decide(derived["fp8_backend"], derived["fp8_recipe"], "resumed")
 

@@ -504,8 +504,8 @@ def test_the_fp8_spec_is_the_config_read_once_into_plain_frozen_values(tmp_path)
     assert spec == Fp8Spec.of(cfg, str(tmp_path / "trial"))
     assert (spec.backend, spec.recipe, spec.format, spec.margin, spec.layers, spec.exclude) == \
         ("native", "current", "e4m3", 2, "all", ("lm_head", "*.attn.*"))
-    assert (spec.compile, spec.cache_dir, spec.decided, spec.auto) == \
-        (True, str(tmp_path / "trial"), "config", False)
+    assert (spec.compile, spec.cache_dir, spec.decided, spec.asked) == \
+        (True, str(tmp_path / "trial"), "config", ("native", "current"))
     assert spec.where("fp8_margin") == "--fp8_margin"
     json.dumps(dataclasses.asdict(spec))
     with pytest.raises(dataclasses.FrozenInstanceError):
