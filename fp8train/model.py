@@ -52,6 +52,9 @@ class ModelConfig:
         m = self.pad_vocab_multiple
         return (self.vocab_size + m - 1) // m * m
 
+    def build(self) -> "GPT":
+        return GPT(self)
+
 
 def _llama_ffn(d: int, multiple_of: int = 256) -> int:
     """Llama's SwiGLU width: 2/3 of 4d (same parameters as a 4d GELU MLP), rounded up."""

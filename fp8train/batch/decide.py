@@ -7,10 +7,11 @@ import dataclasses
 from dataclasses import dataclass
 
 import torch
+from torch import nn
 
 from ..config.schema import Config
 from ..config.sections import section
-from ..model import GPT
+from ..hf_model import fresh_weights
 from ..precision import Precision
 from ..optim.optimizer import build_optimizer
 from .fit import (DoesNotFit, cache_key, cache_path, check_target, choose_speed, discover,
@@ -33,8 +34,9 @@ class BatchDecision:
                 **({"batch_timings": list(self.timings)} if self.timings else {})}
 
 
-def new_model(mcfg, activation_checkpointing: bool) -> GPT:
-    model = GPT(mcfg)
+def new_model(mcfg, activation_checkpointing: bool) -> nn.Module:
+    """The model `mcfg` describes (a preset's GPT, or an hf: model), fresh."""
+    model = mcfg.build()
     model.activation_checkpointing = activation_checkpointing
     return model
 
@@ -99,7 +101,7 @@ def _discover(cfg: Config, mcfg, prec: Precision, accelerator, run_dir: str,
 
     def trial(act: bool):
         return as_sharded(sharded, make_trial(
-            build_model=lambda: new_model(mcfg, act),
+            build_model=lambda: new_model(fresh_weights(mcfg), act),  # the memory, not the weights
             build_precision=lambda: prec.fresh(device),
             build_optimizer=lambda m: build_optimizer(m, opt),
             loss_fn=lambda model, x: model(x, x, penalty_type=cfg.penalty_type,

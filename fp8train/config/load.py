@@ -14,7 +14,7 @@ from typing import Any
 
 from .command_line import HelpRequested, parse_cli
 from .help import help_text
-from .schema import DERIVED_SECTION, GROUPS, KEYS, Config, to_dict
+from .schema import DERIVED_SECTION, GROUPS, HF_PREFIX, KEYS, Config, to_dict
 from .sections import section
 from .validate import validate
 from .values import apply_mapping, coerce
@@ -43,6 +43,9 @@ def load_config(argv: list[str]) -> Config:
         values["output_dir"] = os.path.join("runs", stem)
     if values.get("data_dir") is None:
         values["data_dir"] = os.environ.get("FP8TRAIN_DATA_DIR") or "data"
+    model = str(values.get("model", ""))
+    if values.get("tokenizer") == "model" and model.startswith(HF_PREFIX):
+        values["tokenizer"] = model[len(HF_PREFIX):]   # config.yaml records which tokenizer
     cfg = Config(**values, source=source, origins=origins, from_run=from_run)
     validate(cfg)
     return cfg

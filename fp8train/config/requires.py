@@ -26,7 +26,7 @@ from dataclasses import dataclass, field
 from types import SimpleNamespace
 from typing import Callable
 
-from .schema import DELAYED_SCALING_KEYS, FP8_RECIPES, KEYS, Config, default_of
+from .schema import DELAYED_SCALING_KEYS, FP8_RECIPES, HF_PREFIX, KEYS, Config, default_of
 
 
 def origin_layer(cfg: Config, key: str) -> int:
@@ -45,6 +45,11 @@ def set_with_or_after(cfg: Config, key: str, *others: str) -> bool:
     later: then a contradiction between them is the user's, not a deliberate override."""
     layer = origin_layer(cfg, key)
     return layer > 0 and all(layer >= origin_layer(cfg, o) for o in others)
+
+
+# A preset's shape keys: an hf: model's shape, vocabulary and dropout are its config.json's.
+PRESET_KEYS = ("n_layer", "n_head", "n_kv_head", "n_embd", "ffn_hidden_size", "dropout",
+               "pad_vocab_multiple")
 
 
 def family(prefix: str, *but: str) -> tuple:
@@ -134,6 +139,12 @@ RULES = (
          lambda c: c.hellaswag_interval > 0,
          "hellaswag_interval above 0 (scripts/evaluate.py takes --hellaswag PATH instead)",
          off={"hellaswag_interval": 0}, when={"hellaswag_interval": 100}),
+    Rule(PRESET_KEYS, ("model",), lambda c: not c.model.startswith(HF_PREFIX),
+         "a preset model (an hf: model's shape, vocabulary and dropout are its config.json's)",
+         off={"model": "hf:some/model"}, when={"model": "tiny"}),
+    Rule(("init_from",), ("model",), lambda c: c.model.startswith(HF_PREFIX),
+         "an hf: model (a preset always starts from fresh weights; to continue a run, resume "
+         "it)", off={"model": "tiny"}, when={"model": "hf:some/model"}),
     Rule(family("wandb_"), ("use_wandb",), lambda c: c.use_wandb, "use_wandb: true",
          off={"use_wandb": False}, when={"use_wandb": True}),
 )

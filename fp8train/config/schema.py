@@ -18,6 +18,7 @@ GROUPS = ("run", "data", "model", "batch", "optimizer", "duration", "loss", "pre
           "fp8", "logging", "eval", "checkpoint", "reliability", "wandb")
 
 MODEL_PRESETS = ("gpt2-124m", "gpt2-350m", "llama-350m", "llama-1b", "tiny", "tiny-llama")
+HF_PREFIX = "hf:"  # model: hf:<hub id or directory> (a transformers model)
 KNOWN_DATASETS = ("tinyshakespeare", "fineweb-edu", "openwebtext", "synthetic")
 
 # fp8_backend -> the values of fp8_recipe it accepts; the first is its default. Delayed scaling
@@ -65,8 +66,8 @@ class Config:
         None, "where datasets are looked up; default $FP8TRAIN_DATA_DIR, else ./data", "data",
                                    resume="free")
     tokenizer: str = _key(
-        "byte", "byte (no files needed) | a HF tokenizer name or local directory (AutoTokenizer)",
-        "data")
+        "byte", "byte (no files needed) | a HF tokenizer name or local directory (AutoTokenizer) "
+        "| model (an hf: model's own tokenizer)", "data")
     seq_len: int = _key(1024, "tokens per training sequence (the model's context length)",
                         "data", min=8)
     data_prefetch: int = _key(2, "micro-batches prepared ahead on a background thread (0 = in "
@@ -75,8 +76,13 @@ class Config:
         0.1, "fraction of a text corpus held out for validation (the end; prepared data has "
         "its own split)", "data", gt=0.0, max=0.5)
     # --- model ----------------------------------------------------------------------------------
-    model: str = _key("gpt2-124m", "preset: " + " | ".join(MODEL_PRESETS), "model",
-                      choices=MODEL_PRESETS)
+    model: str = _key("gpt2-124m", "preset: " + " | ".join(MODEL_PRESETS) + " | hf:<hub id or "
+                      "local directory> (any transformers causal LM, built from its config.json)",
+                      "model")
+    init_from: str = _key(
+        "scratch", "an hf: model's starting weights: scratch (fresh, the model's own init: "
+        "pretraining) | pretrained (its saved weights: continued pretraining)", "model",
+        choices=("scratch", "pretrained"))
     n_layer: Optional[int] = _key(None, "override the preset's number of layers", "model", min=1)
     n_head: Optional[int] = _key(None, "override the preset's attention heads", "model", min=1)
     n_kv_head: Optional[int] = _key(None, "override key/value heads (grouped-query attention)",
@@ -257,8 +263,8 @@ class Config:
     fp8_min_layer_size: int = _key(
         0, "fp8_layers min_size: convert only Linears with at least this many weights "
         "(in x out)", "fp8", min=0)
-    fp8_exclude: list = _key(["lm_head"], "Linears kept out of FP8 (name patterns, * wildcard)",
-                             "fp8")
+    fp8_exclude: list = _key(["lm_head"], "Linears kept out of FP8 (name patterns, * wildcard, "
+                             "matching the whole name or its last parts)", "fp8")
     fp8_log_layers: bool = _key(True, "log fp8/<layer>/... scales per layer (aggregates always)",
                                 "fp8", resume="free")
     # --- logging --------------------------------------------------------------------------------

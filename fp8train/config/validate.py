@@ -6,7 +6,8 @@ from __future__ import annotations
 
 from ..errors import BadInput
 from .requires import origin_layer, set_with_or_after, unmet
-from .schema import FP8_RECIPES, Config
+from ..errors import did_you_mean
+from .schema import FP8_RECIPES, HF_PREFIX, MODEL_PRESETS, Config
 
 __all__ = ["origin_layer", "set_with_or_after", "validate"]
 
@@ -17,6 +18,7 @@ def validate(cfg: Config) -> None:
     def err(msg, *keys):
         raise BadInput(f"{cfg.where(*keys)}: {msg}")
 
+    _check_model(cfg, err)
     if cfg.num_epochs is None and cfg.max_steps is None:
         err("keys 'num_epochs' and 'max_steps' are both null; set one (max_hours alone gives "
             "the LR schedule no length)", "num_epochs", "max_steps")
@@ -50,6 +52,21 @@ def validate(cfg: Config) -> None:
             "issue 152887); use compile_scope: auto or model with this mode, or "
             "compile_mode: default or max-autotune-no-cudagraphs per block", "compile_scope",
             "compile_mode")
+
+
+def _check_model(cfg: Config, err) -> None:
+    if cfg.model.startswith(HF_PREFIX):
+        if not cfg.model[len(HF_PREFIX):].strip():
+            err("key 'model' is 'hf:' with nothing after it: name a hub id (hf:Qwen/Qwen3-0.6B) "
+                "or a local directory holding config.json (hf:/models/my-llama)", "model")
+    elif cfg.model not in MODEL_PRESETS:
+        close = did_you_mean(cfg.model, MODEL_PRESETS)
+        err(f"key 'model': unknown model '{cfg.model}'"
+            + (f" (did you mean '{close}'?)" if close else "")
+            + f"; a preset ({', '.join(MODEL_PRESETS)}) or hf:<hub id or directory>", "model")
+    if cfg.tokenizer == "model" and not cfg.model.startswith(HF_PREFIX):
+        err(f"key 'tokenizer' is 'model', which needs an hf: model to take the tokenizer from "
+            f"(model is '{cfg.model}')", "tokenizer", "model")
 
 
 def _check_fp8_recipe(cfg: Config, err) -> None:

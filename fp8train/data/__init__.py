@@ -3,7 +3,6 @@
 - sources.py     what `dataset` names, decided by the preflight check (standard library
                  only): files that are not plain text refused with the command that prepares them
 - catalog.py     the known hub datasets and the local file kinds prepare reads (no imports)
-- hub.py         offline mode and whether the HuggingFace hub answers
 - tokenizers.py  every tokenizer (bytes, tiktoken GPT-2, any HF AutoTokenizer), one interface
 - corpus.py      the text file behind a text dataset; tinyshakespeare downloaded and checked
 - shards.py      the token-shard format on disk, meta.json, the token-id scan

@@ -8,7 +8,7 @@ import urllib.request
 
 from ..errors import BadInput
 from ..io import atomic_write
-from .hub import offline
+from ..hub import offline
 
 TINYSHAKESPEARE_URL = (
     "https://raw.githubusercontent.com/karpathy/char-rnn/master/data/tinyshakespeare/input.txt")

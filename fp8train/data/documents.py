@@ -13,7 +13,7 @@ from typing import Iterator
 from ..errors import BadInput, did_you_mean, one_line
 from .catalog import KNOWN, LOCAL_BUILDERS
 from .corpus import corpus_path
-from .hub import hub_unreachable, offline
+from ..hub import hub_unreachable, offline
 
 
 def load_documents(a, log=print):

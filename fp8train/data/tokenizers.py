@@ -13,8 +13,8 @@ import os
 
 import numpy as np
 
-from ..errors import BadInput, one_line
-from .hub import hub_unreachable, offline, offline_variable
+from ..errors import BadInput
+from ..hub import is_path, load_pretrained
 
 
 class ByteTokenizer:
@@ -62,13 +62,13 @@ class HFTokenizer:
     (eos_token, else <|endoftext|>) is required, to separate documents."""
 
     def __init__(self, name: str, what: str = "key 'tokenizer'", eot: bool = False):
-        if _is_path(name) and not os.path.exists(name):
+        if is_path(name) and not os.path.exists(name):
             raise BadInput(f"{what}: cannot load tokenizer '{name}' (no such directory)")
         import transformers
         from huggingface_hub.utils import logging as hub_logging
         transformers.utils.logging.set_verbosity_error()  # no "sequence too long" warnings
         hub_logging.set_verbosity_error()  # no line per download retry
-        self.tok = _load_hf_tokenizer(transformers.AutoTokenizer, name, what)
+        self.tok = load_pretrained(transformers.AutoTokenizer, name, what, "tokenizer")
         self.name = name
         self.vocab_size = len(self.tok)
         self.eot = self._eot() if eot else None
@@ -115,36 +115,3 @@ def prepare_tokenizer(name: str):
         except Exception:
             pass
     return HFTokenizer(name, what="--tokenizer", eot=True)
-
-
-def _load_hf_tokenizer(auto, name: str, what: str):
-    """A directory or a cached hub tokenizer loads without any network request. Otherwise the
-    hub is asked only when it is allowed (not offline) and answers a single quick request:
-    its client retries a dead connection for about a minute per file."""
-    def fail(why: str):
-        return BadInput(f"{what}: cannot load tokenizer '{name}' ({why})")
-    try:
-        return auto.from_pretrained(name, local_files_only=True)
-    except Exception as e:  # not cached, not a tokenizer directory, no such path
-        local_error = one_line(e, 200, first_line=True)
-    if os.path.exists(name) or _is_path(name):
-        raise fail(local_error)  # a path, not a hub name: the hub cannot help
-    if offline():
-        raise fail(f"not in the local HuggingFace cache, and offline mode is set "
-                   f"({offline_variable()}); download it once with network access, or use a "
-                   f"local tokenizer directory")
-    unreachable = hub_unreachable()
-    if unreachable:
-        raise fail(f"not in the local HuggingFace cache, and the hub cannot be reached: "
-                   f"{unreachable}; download it once with network access, or use a local "
-                   f"tokenizer directory")
-    try:
-        return auto.from_pretrained(name)
-    except Exception as e:  # no such repository, not a tokenizer, a failed download
-        raise fail(one_line(e, 200, first_line=True)) from None
-
-
-def _is_path(name: str) -> bool:
-    """Spelled as a path: a hub name is "name" or "org/name"."""
-    return name.startswith((".", "/", "~")) or name.count("/") > 1 or os.sep != "/" and \
-        os.sep in name

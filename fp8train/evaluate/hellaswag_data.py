@@ -150,7 +150,7 @@ def _read_hub(option: str):
     """The hub's validation split through `datasets`: offline, or with the hub unreachable, from
     the local cache alone (the datasets library is told so before it is imported, else it
     retries each file for half a minute)."""
-    from ..data.hub import hub_unreachable, offline_variable
+    from ..hub import hub_unreachable, offline_variable
     why = offline_variable()
     why = f"offline mode is set ({why})" if why else None
     if why is None:

@@ -119,6 +119,18 @@ def write_model(out_dir: str, mcfg: ModelConfig, state: dict, dtype: torch.dtype
     return sorted(f for f in os.listdir(out_dir) if f.endswith((".safetensors", ".json")))
 
 
+def write_transformers_model(out_dir: str, hf, dtype: torch.dtype) -> list[str]:
+    """An hf: model as transformers saves it (`save_pretrained`: its own config.json, weights
+    and tied-weight handling), in `dtype`; returns the files written."""
+    if dtype != torch.float32:
+        import copy
+        hf = copy.deepcopy(hf).to(dtype)
+    import transformers
+    transformers.utils.logging.disable_progress_bar()
+    hf.save_pretrained(out_dir)
+    return sorted(f for f in os.listdir(out_dir) if f.endswith((".safetensors", ".json")))
+
+
 def byte_tokenizer():
     """UTF-8 bytes as ids 0-255 in transformers' PreTrainedTokenizerFast."""
     from tokenizers import Tokenizer, decoders, models, pre_tokenizers
@@ -160,7 +172,7 @@ def compare_logits(ours, hf_model, mcfg: ModelConfig) -> tuple[float, float]:
     vocabulary, in fp32 on the CPU."""
     ids = check_ids(mcfg)
     a = ours(ids).float()[..., :mcfg.vocab_size]
-    b = hf_model(input_ids=ids).logits.float()
+    b = hf_model(input_ids=ids).logits.float()[..., :mcfg.vocab_size]
     return (a - b).abs().max().item(), a.abs().max().item()
 
 
@@ -187,7 +199,9 @@ def export(path: str, out_dir: str, dtype_name: str = "fp32", tokenizer: bool = 
     t = trained.load(path, "cpu", warn=warn, info=log)
     log(f"model: {t.describe()}")
     mcfg, dtype = t.mcfg, DTYPES[dtype_name]
-    hf_config(mcfg)   # a shape transformers cannot hold fails here, before any file is written
+    native = isinstance(mcfg, ModelConfig)   # else an hf: model, a transformers model already
+    if native:
+        hf_config(mcfg)   # a shape transformers cannot hold fails here, before any file is written
     tok = _tokenizer(t.cfg.tokenizer) if tokenizer else None
     bos = getattr(tok, "bos_token_id", None)
     eos = getattr(tok, "eos_token_id", None)
@@ -196,13 +210,16 @@ def export(path: str, out_dir: str, dtype_name: str = "fp32", tokenizer: bool = 
     for name in os.listdir(out_dir):   # --overwrite: no stale shard may survive
         if name.endswith(".safetensors") or name.endswith(".safetensors.index.json"):
             os.remove(os.path.join(out_dir, name))
-    state = {k: v.detach().cpu() for k, v in t.model.state_dict().items()}
-    written = [os.path.join(out_dir, f) for f in write_model(out_dir, mcfg, state, dtype, bos,
-                                                              eos)]
+    if native:
+        state = {k: v.detach().cpu() for k, v in t.model.state_dict().items()}
+        files = write_model(out_dir, mcfg, state, dtype, bos, eos)
+    else:
+        files = write_transformers_model(out_dir, t.model.hf, dtype)
+    written = [os.path.join(out_dir, f) for f in files]
     if tok is not None:
         written += [str(f) for f in tok.save_pretrained(out_dir)]
     give_normal_mode(written)   # safetensors leaves its files 0600: a team reads the export
-    log(f"wrote {out_dir}: {_architecture(mcfg)} in {dtype_name}"
+    log(f"wrote {out_dir}: {_architecture(t.model)} in {dtype_name}"
         + (f", tokenizer '{t.cfg.tokenizer}'" if tok is not None else ", no tokenizer files"))
 
     # The check a user would do: load it the standard way, compare with our forward pass.
@@ -214,7 +231,7 @@ def export(path: str, out_dir: str, dtype_name: str = "fp32", tokenizer: bool = 
     diff, scale = compare_logits(ours, hf, mcfg)
     tolerance = LOGIT_TOLERANCE * max(1.0, scale)
     info = dict(checkpoint=os.path.abspath(t.path), step=t.step, tokens=t.tokens,
-                architecture=_architecture(mcfg), dtype=dtype_name,
+                architecture=_architecture(t.model), dtype=dtype_name,
                 tokenizer=t.cfg.tokenizer if tok is not None else None,
                 trained_precision=t.derived.get("precision"), trained_fp8=t.derived.get("fp8"),
                 vocab_size=mcfg.vocab_size, padded_vocab_size=mcfg.padded_vocab_size,
@@ -245,8 +262,12 @@ def _own(t: torch.Tensor) -> torch.Tensor:
     return t if whole and t.storage_offset() == 0 else t.clone()
 
 
-def _architecture(mcfg: ModelConfig) -> str:
-    return "GPT2LMHeadModel" if mcfg.arch == "gpt2" else "LlamaForCausalLM"
+def _architecture(model) -> str:
+    """The transformers class the export loads as."""
+    hf = getattr(model, "hf", None)
+    if hf is not None:
+        return type(hf).__name__
+    return "GPT2LMHeadModel" if model.mcfg.arch == "gpt2" else "LlamaForCausalLM"
 
 
 def _tokenizer(name: str):

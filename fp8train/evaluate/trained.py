@@ -20,7 +20,8 @@ from ..checkpoint.safe_load import safe_unpickle
 from ..config import load as config_mod
 from ..config.load import Config
 from ..errors import BadInput, one_line
-from ..model import GPT, ModelConfig, RotaryEmbedding, model_config_from
+from .. import hf_model
+from ..model import GPT, ModelConfig, RotaryEmbedding
 
 FP8_EXTRAS = ("fp8_state.", "_extra_state")    # prefixes / suffixes of FP8 backend state
 WRAPPER_PREFIXES = ("_orig_mod.", "module.")    # torch.compile, DDP
@@ -31,8 +32,8 @@ class Trained:
     path: str              # the checkpoint directory
     cfg: Config            # the run's config, as the checkpoint recorded it
     derived: dict          # what the trainer derived (vocab size, batch plan, precision, ...)
-    mcfg: ModelConfig
-    model: GPT             # plain nn.Linear everywhere, eval mode
+    mcfg: "ModelConfig | hf_model.HFModelConfig"
+    model: torch.nn.Module  # GPT or hf_model.HFCausalLM; plain nn.Linear everywhere, eval mode
     step: int
     tokens: int
 
@@ -58,14 +59,9 @@ def run_config(checkpoint: str) -> tuple[Config, dict]:
     return cfg, derived
 
 
-def model_config(cfg: Config, derived: dict) -> ModelConfig:
-    try:
-        return model_config_from(
-            cfg.model, derived["vocab_size"], cfg.seq_len, n_layer=cfg.n_layer, n_head=cfg.n_head,
-            n_kv_head=cfg.n_kv_head, n_embd=cfg.n_embd, ffn_hidden_size=cfg.ffn_hidden_size,
-            dropout=0.0, pad_vocab_multiple=cfg.pad_vocab_multiple)
-    except (KeyError, ValueError) as e:
-        raise BadInput(f"{cfg.source}: model '{cfg.model}': {e}") from None
+def model_config(cfg: Config, derived: dict):
+    """The checkpoint's model: a preset's ModelConfig or an hf: model's HFModelConfig."""
+    return hf_model.model_config(cfg, derived["vocab_size"], what=cfg.source)
 
 
 def read_state(checkpoint: str) -> dict:
@@ -182,8 +178,11 @@ def load(path: str, device: str | torch.device = "cpu", warn=None, info=None) ->
     checkpoint = find_checkpoint(path, "", warn, info)
     cfg, derived = run_config(checkpoint)
     mcfg = model_config(cfg, derived)
-    with torch.device("meta"):
-        model = GPT(mcfg)
+    if isinstance(mcfg, ModelConfig):
+        with torch.device("meta"):   # nothing allocated: the checkpoint's tensors are assigned
+            model = GPT(mcfg)
+    else:   # transformers' models compute buffers at init that the state does not hold
+        model = hf_model.fresh_weights(mcfg).build()
     load_weights(model, plain_state(read_state(checkpoint)), checkpoint)
     model.to(device).eval()
     manifest = read_manifest(checkpoint)
@@ -195,6 +194,11 @@ def load_weights(model: torch.nn.Module, state: dict, checkpoint: str) -> None:
     """Load `state` into `model` exactly: every tensor present, of the right shape, and nothing
     left over; else one BadInput saying what differs."""
     expected = model.state_dict()
+    state = dict(state)
+    for names in _tied(expected):   # a tied weight is saved under one of its names
+        saved = next((n for n in names if n in state), None)
+        for n in names if saved else ():
+            state.setdefault(n, state[saved])
     missing = [k for k in expected if k not in state]
     extra = [k for k in state if k not in expected]
     shapes = [f"{k} {tuple(state[k].shape)} vs {tuple(v.shape)}" for k, v in expected.items()
@@ -205,13 +209,25 @@ def load_weights(model: torch.nn.Module, state: dict, checkpoint: str) -> None:
                                     ("shape (saved vs model)", shapes)) if keys]
         raise BadInput(f"checkpoint '{checkpoint}' does not match its config.yaml's model "
                           f"({'; '.join(parts)})")
-    # The model was built on the meta device: assign the loaded tensors instead of copying.
+    # A model built on the meta device takes the loaded tensors instead of copying them; a
+    # real one copies them in (its tied weights stay one tensor).
+    meta = any(p.is_meta for p in model.parameters())
     model.load_state_dict({k: v.float() if v.is_floating_point() else v
-                           for k, v in state.items()}, strict=True, assign=True)
+                           for k, v in state.items()}, strict=True, assign=meta)
     # Non-persistent buffers (the RoPE tables) are not in the state: compute them for real.
     for module in model.modules():
         if isinstance(module, RotaryEmbedding):
             module.rebuild(device="cpu")
+
+
+def _tied(expected: dict) -> list:
+    """The groups of names that are one tensor in the model (transformers ties the output
+    layer to the embedding by sharing the Parameter)."""
+    groups: dict = {}
+    for k, v in expected.items():
+        if not v.is_meta:
+            groups.setdefault((v.data_ptr(), tuple(v.shape)), []).append(k)
+    return [names for names in groups.values() if len(names) > 1]
 
 
 def pick_device(name: str = "auto") -> torch.device:

@@ -1,6 +1,6 @@
 """What every entry point (train_fp8.py, run_sweep.py, scripts/*.py) does the same way with the
 console: a reader that stops reading (`--help | head`) ends the program quietly, and torchao's
-import noise stays off it.
+import noise (and Accelerate's notice of tied weights) stays off it.
 
 Standard library only, like errors.py: imported before anything heavy.
 """
@@ -32,6 +32,23 @@ def drop_torchao_import_noise() -> None:
         logger = logging.getLogger(name)
         if not any(isinstance(f, _TorchaoImportNoise) for f in logger.filters):
             logger.addFilter(_TorchaoImportNoise())
+
+
+class _TiedWeightNotice(logging.Filter):
+    """Accelerate saves a tied weight (a transformers model's output layer that is its
+    embedding) under one name and logs so at every checkpoint; fp8train loads it back tied."""
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        return "Removed shared tensor" not in record.getMessage()
+
+
+def drop_transformers_noise() -> None:
+    """Before an hf: model is built: transformers imports torchao when it is installed, and
+    the checkpoints of a model with tied embeddings would log the tie at every save."""
+    drop_torchao_import_noise()
+    logger = logging.getLogger("accelerate.utils.other")
+    if not any(isinstance(f, _TiedWeightNotice) for f in logger.filters):
+        logger.addFilter(_TiedWeightNotice())
 
 
 def run_main(main: Callable[[], "int | None"]) -> int:

@@ -28,7 +28,7 @@ def build_optimizer(model: torch.nn.Module, opt, *, rank: int = 0, world: int = 
     `world` data-parallel ranks orthogonalises its share of the matrices (world 1: all of them,
     no collective: the batch probe's trials), `compiled` under the run's compile: true."""
     named = [(n, p) for n, p in model.named_parameters() if p.requires_grad]
-    hidden = [p for n, p in named if is_hidden_matrix(n, p)] if opt.name == "muon" else []
+    hidden = [p for _, p in hidden_matrices(model)] if opt.name == "muon" else []
     taken = {id(p) for p in hidden}
     decay = [p for n, p in named if p.dim() >= 2 and id(p) not in taken]
     no_decay = [p for n, p in named if p.dim() < 2]
@@ -78,9 +78,12 @@ def check_distributed(opt, distributed_type: str) -> None:
                        "(accelerate_configs/8xh100.yaml) or use optimizer: adamw")
 
 
-def is_hidden_matrix(name: str, p: torch.Tensor) -> bool:
-    """A weight matrix inside a transformer block (attention and MLP projections): Muon's."""
-    return p.dim() == 2 and name.split(".")[0] == "blocks"
+def hidden_matrices(model: torch.nn.Module) -> list:
+    """(name, parameter) of the weight matrices inside the transformer blocks (`model.blocks`:
+    attention and MLP projections, whatever the model names them): Muon's."""
+    inside = {id(p) for block in getattr(model, "blocks", None) or () for p in block.parameters()}
+    return [(n, p) for n, p in model.named_parameters()
+            if p.requires_grad and p.dim() == 2 and id(p) in inside]
 
 
 class MuonAdamW(torch.optim.AdamW):
@@ -121,9 +124,8 @@ def muon_flops_per_step(model: torch.nn.Module, opt=None) -> float:
     product with x (2 m^2 n)."""
     parts = {} if opt is None else {id(p): r for p, r in muon_parts(model, opt).items()}
     total = 0.0
-    for name, p in model.named_parameters():
-        if p.requires_grad and is_hidden_matrix(name, p):
-            for rows in parts.get(id(p), [p.shape[0]]):
-                m, n = sorted((rows, p.shape[1]))
-                total += NS_STEPS * (4.0 * m * m * n + 2.0 * m ** 3)
+    for _, p in hidden_matrices(model):
+        for rows in parts.get(id(p), [p.shape[0]]):
+            m, n = sorted((rows, p.shape[1]))
+            total += NS_STEPS * (4.0 * m * m * n + 2.0 * m ** 3)
     return total

@@ -46,7 +46,7 @@ def select_linears(model: nn.Module, min_size: int = 0, exclude=("lm_head",),
     for name, mod in model.named_modules():
         if not isinstance(mod, nn.Linear):
             continue
-        if any(fnmatch.fnmatchcase(name, pat) for pat in exclude):
+        if excluded(name, exclude):
             sel.skipped[name] = "excluded by fp8_exclude"
         elif mod.in_features % 16 or mod.out_features % 16:
             sel.skipped[name] = "dims not divisible by 16"
@@ -57,6 +57,13 @@ def select_linears(model: nn.Module, min_size: int = 0, exclude=("lm_head",),
         else:
             sel.chosen.append(name)
     return sel
+
+
+def excluded(name: str, patterns) -> bool:
+    """Whether an fp8_exclude pattern names the module: the whole name, or its last parts
+    ("lm_head" is GPT's `lm_head` and a transformers model's `hf.lm_head`)."""
+    return any(fnmatch.fnmatchcase(name, pat) or fnmatch.fnmatchcase(name, "*." + pat)
+               for pat in patterns)
 
 
 def replace_module(model: nn.Module, name: str, new: nn.Module) -> None:

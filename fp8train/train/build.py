@@ -35,7 +35,7 @@ from ..evaluate.evaluator import missed as missed_eval
 from ..evaluate.hellaswag import HellaSwag
 from ..evaluate.samples import TextSampler
 from ..io import writable_dir
-from ..model import model_config_from
+from ..hf_model import model_config
 from ..observe.logger import Logger
 from ..observe.metrics import Meter, WallClock, device_name, peak_note
 from ..observe.profiling import StepProfiler
@@ -154,7 +154,7 @@ def build(cfg: Config, state, log: Logger, requests: StopRequests) -> Optional[R
             f"{len(splits.train):,} train / {len(splits.val):,} val tokens")
     check_batch_fits(cfg, written.effective if written else cfg.target_effective_batch_size,
                      len(splits.train))
-    mcfg = _model_config(cfg, splits.vocab_size)
+    mcfg = model_config(cfg, splits.vocab_size)
     saved = saved_derived(checkpoint) if checkpoint else {}
     prec, run_plan = decide(cfg, prec, acc, mcfg, splits.train, written, saved, run_dir, log)
     batch, plan = run_plan.batch, run_plan.batch.plan
@@ -305,21 +305,21 @@ def _accelerator(cfg: Config, state, run_dir: str, log: Logger):
     return prec, acc
 
 
-def _model_config(cfg: Config, vocab_size: int):
-    try:
-        return model_config_from(
-            cfg.model, vocab_size, cfg.seq_len, n_layer=cfg.n_layer, n_head=cfg.n_head,
-            n_kv_head=cfg.n_kv_head, n_embd=cfg.n_embd, ffn_hidden_size=cfg.ffn_hidden_size,
-            dropout=cfg.dropout, pad_vocab_multiple=cfg.pad_vocab_multiple)
-    except ValueError as e:
-        where = cfg.where("model", "n_layer", "n_head", "n_kv_head", "n_embd", "ffn_hidden_size")
-        raise BadInput(f"{where}: model '{cfg.model}': {e}") from None
-
-
 def _net(cfg: Config, mcfg, prec: Precision, acc, batch: BatchDecision, saved: dict,
          log: Logger) -> "tuple[Net, int, float]":
     """The model (FP8 layers converted, prepared, compiled) and its optimizer."""
     model = new_model(mcfg, batch.activation_checkpointing)
+    if hasattr(model, "check_logits"):   # an hf: model: our output layer is its own
+        model.check_logits()
+        if model.attention != "sdpa":
+            log.warn(f"model '{cfg.model}': transformers has no SDPA attention for it; it runs "
+                     f"its '{model.attention}' attention (the scores in memory: slower, and "
+                     f"more memory at long seq_len)")
+        if prec.fp8 and model.not_linear():
+            raise BadInput(f"{cfg.where('model', 'use_fp8')}: model '{cfg.model}' computes its "
+                           f"projections in layers that are not nn.Linear "
+                           f"({', '.join(model.not_linear()[:3])}), which no FP8 backend "
+                           f"converts; train it without use_fp8")
     n_params, flops_per_token = model.num_params(), model.flops_per_token()
     if cfg.optimizer == "muon":   # MFU counts the orthogonalisations too, per token of a step
         flops_per_token += muon_flops_per_step(model, section(cfg, "optimizer")) / \
@@ -340,6 +340,7 @@ def _net(cfg: Config, mcfg, prec: Precision, acc, batch: BatchDecision, saved: d
     optimizer = build_optimizer(model, section(cfg, "optimizer"), rank=acc.process_index,
                                 world=acc.num_processes, compiled=cfg.compile)
     log.msg(describe_optimizer(optimizer, section(cfg, "optimizer")))
+    _shard_by_block(acc, model)
     model, optimizer = acc.prepare(model, optimizer)
     prec.after_prepare(acc)
     prepared, (model, how) = model, compile_model(model, section(cfg, "model"),
@@ -350,6 +351,14 @@ def _net(cfg: Config, mcfg, prec: Precision, acc, batch: BatchDecision, saved: d
     net = Net(model, optimizer, prec, health, section(cfg, "loss"), max_norm,
               acc.distributed_type, prepared)
     return net, n_params, flops_per_token
+
+
+def _shard_by_block(acc, model) -> None:
+    """Under FSDP: one unit per block of this model (GPT's Block, an hf: model's decoder layer),
+    whatever class the launch config names (accelerate_configs/fsdp_8xh100.yaml names Block)."""
+    plugin = getattr(acc.state, "fsdp_plugin", None)
+    if acc.distributed_type == "FSDP" and plugin is not None and len(model.blocks):
+        plugin.transformer_cls_names_to_wrap = sorted({type(b).__name__ for b in model.blocks})
 
 
 def _restore(acc, manager: CheckpointManager, checkpoint, saved: dict, st: TrainState,

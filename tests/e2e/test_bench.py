@@ -1,6 +1,6 @@
 """scripts/bench.py --quick on CPU: the harness end to end (real train_fp8.py runs on the
-synthetic stream, the probe's micro-batch, FP8 layer counts, the tables). It checks the
-harness, not speed: CPU numbers say nothing about a GPU."""
+synthetic stream, the probe's micro-batch, FP8 layer counts, the tables); scripts/bench_loss.py
+at a small size. They check the harnesses, not speed: CPU numbers say nothing about a GPU."""
 
 
 import json
@@ -8,6 +8,7 @@ import math
 import subprocess
 import sys
 
+import pytest
 from support.runs import ROOT
 
 
@@ -43,3 +44,19 @@ def test_bench_rejects_steps_that_are_not_whole_warmup_intervals():
     r = subprocess.run([sys.executable, "scripts/bench.py", "--steps", "5", "--warmup", "2"],
                        cwd=ROOT, capture_output=True, text=True, timeout=60)
     assert r.returncode == 2 and "--steps must be a positive multiple of --warmup" in r.stderr
+
+
+def test_bench_loss_prints_both_losses_equal_and_the_chunked_one_smaller(tmp_path):
+    """scripts/bench_loss.py at a small size: each variant in its own process, the same loss,
+    the chunked loss's peak memory below the plain one's (4 chunks of 64 rows here)."""
+    out = tmp_path / "loss.json"
+    r = subprocess.run([sys.executable, "scripts/bench_loss.py", "--vocab", "32768", "--tokens",
+                        "256", "--hidden", "32", "--chunk-tokens", "64", "--steps", "1",
+                        "--json", str(out)], cwd=ROOT, capture_output=True, text=True,
+                       timeout=300)
+    assert r.returncode == 0, r.stdout[-2000:] + r.stderr[-2000:]
+    assert "chunked / plain: time" in r.stdout
+    plain, chunked = json.loads(out.read_text())["results"]
+    assert (plain["variant"], chunked["variant"]) == ("plain", "chunked")
+    assert chunked["loss"] == pytest.approx(plain["loss"], rel=1e-5)
+    assert chunked["peak_extra_mb"] < plain["peak_extra_mb"]
