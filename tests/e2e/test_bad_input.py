@@ -29,8 +29,8 @@ from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 import pytest
-from support import (bad_cases_checkpoint, bad_cases_config, bad_cases_data, bad_cases_prepare,
-                     bad_cases_run, bad_cases_tools)
+from support import (bad_cases_checkpoint, bad_cases_config, bad_cases_data, bad_cases_model,
+                     bad_cases_prepare, bad_cases_run, bad_cases_tools)
 from support.bad_input_kit import (CORPUS, DEAD_PROXY, DIR, FAST, OFFLINE_TOKENIZERS, TIMEOUT,
                                    WORKERS, Case, corrupt_checkpoint,
                                    corrupt_checkpoint_without_manifest, meta_not_json,
@@ -209,7 +209,8 @@ CASES = [
          expect="cannot resume from '{run}/checkpoints/step_0000002'"),
 ]
 CASES += (bad_cases_config.CASES + bad_cases_data.CASES + bad_cases_prepare.CASES
-          + bad_cases_checkpoint.CASES + bad_cases_run.CASES + bad_cases_tools.CASES)
+          + bad_cases_checkpoint.CASES + bad_cases_run.CASES + bad_cases_tools.CASES
+          + bad_cases_model.CASES)
 
 
 # --- running them --------------------------------------------------------------------------------
