@@ -88,8 +88,13 @@ def _compile(model: nn.Module, model_cfg, scope: str) -> "tuple[nn.Module, str]"
     inner = inner_model(model)
     blocks = getattr(inner, "blocks", None)
     if scope == "blocks" and isinstance(blocks, nn.ModuleList) and len(blocks):
+        # A model may compile its blocks its own way (an hf: model: inside its checkpointing).
+        own = getattr(inner, "compile_block", None)
         for block in blocks:
-            block.compile(mode=mode)
+            if own is not None:
+                own(block, mode)
+            else:
+                block.compile(mode=mode)
         inner.output_loss = torch.compile(inner.output_loss, mode=mode)
         kinds = sorted({_class_name(b) for b in blocks})
         return model, (f"compile: per block ({len(blocks)} {'/'.join(kinds)} blocks, one graph "

@@ -76,14 +76,16 @@ class HFModelConfig:
         return HFCausalLM(self)
 
 
-def model_config(cfg, vocab_size: int, what: str = ""):
+def model_config(cfg, vocab_size: int, what: str = "", saved: Optional[dict] = None):
     """The model a config names: a preset's ModelConfig at the data's vocabulary, or an hf:
     model's HFModelConfig, whose vocabulary must hold the data's ids. BadInput in one line
-    naming the key. `cfg`: the run's config (or a checkpoint's); `what`: where it came from."""
+    naming the key. `cfg`: the run's config (or a checkpoint's); `what`: where it came from;
+    `saved`: the derived values of the run's checkpoint, whose hf_config is the model's
+    config.json as the run first read it (the source is not read again)."""
     where = what or cfg.where("model")
     if cfg.model.startswith(HF_PREFIX):
         mcfg = hf_model_config(cfg.model[len(HF_PREFIX):], cfg.init_from, cfg.seq_len, where,
-                               vocab_size)
+                               vocab_size, (saved or {}).get("hf_config"))
         if vocab_size > mcfg.padded_vocab_size:
             raise BadInput(f"{where}: model '{cfg.model}' has {mcfg.padded_vocab_size:,} token "
                            f"ids, but the data's tokenizer '{cfg.tokenizer}' has {vocab_size:,}: prepare "
@@ -101,23 +103,39 @@ def model_config(cfg, vocab_size: int, what: str = ""):
 
 
 def hf_model_config(source: str, init_from: str, block_size: int, where: str = "key 'model'",
-                    vocab_size: Optional[int] = None) -> HFModelConfig:
-    """Read the model's config.json (a directory, the local HuggingFace cache, or the hub when it
-    can be reached) and check that fp8train can train it at `block_size`. `vocab_size`: the
-    data's token ids (default: the model's whole vocabulary)."""
+                    vocab_size: Optional[int] = None, saved: Optional[dict] = None
+                    ) -> HFModelConfig:
+    """The model's config.json (a directory, the local HuggingFace cache, or the hub when it can
+    be reached; `saved`: as a run recorded it, so that its checkpoints need neither), checked
+    that fp8train can train it at `block_size`. `vocab_size`: the data's token ids (default:
+    the model's whole vocabulary)."""
     drop_transformers_noise()
     import transformers
-    hfc = load_pretrained(transformers.AutoConfig, source, f"{where}: model 'hf:{source}'",
-                          "model config")
+    name = f"model 'hf:{source}'"
+    if saved is not None:
+        d = dict(saved)
+        hfc = transformers.AutoConfig.for_model(d.pop("model_type"), **d)
+    else:
+        hfc = load_pretrained(transformers.AutoConfig, source, f"{where}: {name}",
+                              "model config")
     model_type = getattr(hfc, "model_type", "?")
     if type(hfc) not in transformers.MODEL_FOR_CAUSAL_LM_MAPPING:
-        raise BadInput(f"{where}: model 'hf:{source}' is a {model_type} model, which "
-                       f"transformers has no causal LM class for (AutoModelForCausalLM)")
+        raise BadInput(f"{where}: {name} is a {model_type} model, which transformers has no "
+                       f"causal LM class for (AutoModelForCausalLM)")
     text = hfc.get_text_config() if hasattr(hfc, "get_text_config") else hfc
+    if text is not hfc:   # Gemma 3 and the like: a vision tower beside the language model
+        raise BadInput(f"{where}: {name} is a multimodal {model_type} model; fp8train trains "
+                       f"language models: name its text-only model or config "
+                       f"({type(text).__name__})")
+    for key in ("num_experts", "num_local_experts", "n_routed_experts"):
+        if getattr(text, key, None):
+            raise BadInput(f"{where}: {name} is a mixture-of-experts model ({key} "
+                           f"{getattr(text, key)}), which fp8train does not train: its experts "
+                           f"are not nn.Linear layers and its router loss would be dropped")
     longest = getattr(text, "max_position_embeddings", None)
     if isinstance(longest, int) and block_size > longest:
-        raise BadInput(f"{where}: seq_len {block_size:,} is longer than model 'hf:{source}' "
-                       f"was built for (max_position_embeddings {longest:,})")
+        raise BadInput(f"{where}: seq_len {block_size:,} is longer than {name} was built for "
+                       f"(max_position_embeddings {longest:,})")
     n_head = getattr(text, "num_attention_heads", None) or getattr(text, "n_head", 0)
     n_embd = getattr(text, "hidden_size", None) or getattr(text, "n_embd", 0)
     head_dim = getattr(text, "head_dim", None) or (n_embd // n_head if n_head else 0)
@@ -135,23 +153,25 @@ def hf_model_config(source: str, init_from: str, block_size: int, where: str = "
 def _transformers_model(auto, mcfg: HFModelConfig):
     """(the transformers model, its attention implementation): SDPA (flash attention's kernels
     on a GPU) where the model supports it, else transformers' plain one, "eager" (Gemma 2's
-    capped attention scores)."""
-    last = None
-    for attention in ("sdpa", "eager"):
-        kw = dict(dtype=torch.float32, attn_implementation=attention)
+    capped attention scores). Which one is decided on the meta device (nothing allocated, no
+    file read); then the model is built, or its weights loaded, once."""
+    attention, why = None, None
+    for candidate in ("sdpa", "eager"):
         try:
-            if mcfg.init_from == "pretrained" and torch.get_default_device().type != "meta":
-                model = load_pretrained(auto, mcfg.source, f"model 'hf:{mcfg.source}'",
-                                        "model weights", config=mcfg.transformers_config(),
-                                        **kw)
-            else:   # fresh weights (and shapes alone on the meta device: no file is read)
-                model = auto.from_config(mcfg.transformers_config(), **kw)
+            with torch.device("meta"):
+                auto.from_config(mcfg.transformers_config(), attn_implementation=candidate)
+            attention = candidate
+            break
         except (ValueError, ImportError) as e:   # an attention or class it cannot build
-            last = e
-            continue
-        return model, attention
-    raise BadInput(f"model 'hf:{mcfg.source}': transformers cannot build it "
-                   f"({one_line(last, 200, first_line=True)})") from None
+            why = e
+    if attention is None:
+        raise BadInput(f"model 'hf:{mcfg.source}': transformers cannot build it "
+                       f"({one_line(why, 200, first_line=True)})") from None
+    kw = dict(dtype=torch.float32, attn_implementation=attention)
+    if mcfg.init_from == "pretrained" and torch.get_default_device().type != "meta":
+        return load_pretrained(auto, mcfg.source, f"model 'hf:{mcfg.source}'", "model weights",
+                               config=mcfg.transformers_config(), **kw), attention
+    return auto.from_config(mcfg.transformers_config(), **kw), attention   # fresh weights
 
 
 class _Recompute:
@@ -172,9 +192,14 @@ class HFCausalLM(nn.Module):
         self.hf, self.attention = _transformers_model(transformers.AutoModelForCausalLM, mcfg)
         self.hf.train()
         self._recompute = _Recompute()
+        self._compiled_body = None
         for layer in self.blocks:   # each layer reads the shared setting (a deep copy: its own)
             layer.fp8train_recompute = self._recompute
+            layer.fp8train_body = None   # compile_block's compiled forward
             layer.forward = types.MethodType(_layer_forward, layer)
+        if len(self.blocks) != mcfg.n_layer:
+            raise BadInput(f"model 'hf:{mcfg.source}': fp8train cannot find its {mcfg.n_layer} "
+                           f"decoder layers (found a list of {len(self.blocks)})")
         # Accelerate's FSDP wraps these classes one unit each, as it does for the model itself.
         self._no_split_modules = sorted({type(b).__name__ for b in self.blocks})
         cap = getattr(self._text_config, "final_logit_softcapping", None)
@@ -241,6 +266,27 @@ class HFCausalLM(nn.Module):
         return chunked_lm_loss(x, head.weight, targets, penalty_type, penalty_weight,
                                softcap=self.softcap)
 
+    def compile_block(self, block: nn.Module, mode) -> None:
+        """torch.compile one decoder layer (compile.py, per block): its forward, inside the
+        activation checkpointing. One compiled function for every layer: dynamo traces the
+        first and its graph serves the others."""
+        if self._compiled_body is None:
+            self._compiled_body = torch.compile(type(block).forward, mode=mode)
+        block.fp8train_body = self._compiled_body
+
+    @property
+    def layer_kinds(self) -> list:
+        """The kinds of decoder layer (transformers' `layer_types`: sliding or full attention)
+        that the model alternates: per-block compile traces a graph for each."""
+        return sorted(set(getattr(self._text_config, "layer_types", None) or ()))
+
+    def ties_kept(self) -> bool:
+        """Whether a tied output layer is still the embedding (a precision that converted it
+        into a layer of its own would have cut the tie)."""
+        if not self.mcfg.tie_embeddings:
+            return True
+        return self.hf.get_output_embeddings().weight is self.hf.get_input_embeddings().weight
+
     def fused_parts(self) -> dict:
         """transformers' Llama-like models keep q, k, v and gate, up as separate Linears: there
         is nothing for Muon to split."""
@@ -304,11 +350,12 @@ class HFCausalLM(nn.Module):
 
 
 def _layer_forward(layer: nn.Module, *args, **kwargs):
-    """A decoder layer's forward, recomputed in backward when activation checkpointing is on
-    (as transformers' own checkpointing does, around `forward`, so that FSDP's hooks stay
-    outside the recompute). The hidden states go in positionally: the recompute function
-    (torch's, or Transformer Engine's) takes the tensors it saves that way."""
-    forward = functools.partial(type(layer).forward, layer)
+    """A decoder layer's forward (its compiled body under compile), recomputed in backward when
+    activation checkpointing is on: around `forward`, as transformers' own checkpointing does,
+    so that FSDP's hooks stay outside the recompute, and outside the compiled body, as GPT's
+    blocks are (Transformer Engine's checkpoint disables dynamo inside it). The hidden states
+    go in positionally: the recompute function takes the tensors it saves that way."""
+    forward = functools.partial(layer.fp8train_body or type(layer).forward, layer)
     recompute = layer.fp8train_recompute
     if not (recompute.on and layer.training and torch.is_grad_enabled()):
         return forward(*args, **kwargs)

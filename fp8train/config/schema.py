@@ -263,8 +263,8 @@ class Config:
     fp8_min_layer_size: int = _key(
         0, "fp8_layers min_size: convert only Linears with at least this many weights "
         "(in x out)", "fp8", min=0)
-    fp8_exclude: list = _key(["lm_head"], "Linears kept out of FP8 (name patterns, * wildcard, "
-                             "matching the whole name or its last parts)", "fp8")
+    fp8_exclude: list = _key(["lm_head"], "Linears kept out of FP8 (name patterns, * wildcard; "
+                             "an hf: model's by their transformers names)", "fp8")
     fp8_log_layers: bool = _key(True, "log fp8/<layer>/... scales per layer (aggregates always)",
                                 "fp8", resume="free")
     # --- logging --------------------------------------------------------------------------------

@@ -9,6 +9,7 @@ nn.Linear without renaming it), so dropping those entries gives the plain model'
 """
 from __future__ import annotations
 
+import dataclasses
 import os
 from dataclasses import dataclass
 
@@ -61,7 +62,8 @@ def run_config(checkpoint: str) -> tuple[Config, dict]:
 
 def model_config(cfg: Config, derived: dict):
     """The checkpoint's model: a preset's ModelConfig or an hf: model's HFModelConfig."""
-    return hf_model.model_config(cfg, derived["vocab_size"], what=cfg.source)
+    return hf_model.model_config(dataclasses.replace(cfg, dropout=0.0), derived["vocab_size"],
+                                 what=cfg.source, saved=derived)
 
 
 def read_state(checkpoint: str) -> dict:

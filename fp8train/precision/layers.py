@@ -60,10 +60,14 @@ def select_linears(model: nn.Module, min_size: int = 0, exclude=("lm_head",),
 
 
 def excluded(name: str, patterns) -> bool:
-    """Whether an fp8_exclude pattern names the module: the whole name, or its last parts
-    ("lm_head" is GPT's `lm_head` and a transformers model's `hf.lm_head`)."""
-    return any(fnmatch.fnmatchcase(name, pat) or fnmatch.fnmatchcase(name, "*." + pat)
-               for pat in patterns)
+    """Whether an fp8_exclude pattern names the module: by its name, or an hf: model's layer
+    by its transformers name (without the `hf.` of the model holding it: "lm_head" is GPT's
+    `lm_head` and a transformers model's `hf.lm_head`)."""
+    names = (name, name[len(HF_MODULE):]) if name.startswith(HF_MODULE) else (name,)
+    return any(fnmatch.fnmatchcase(n, pat) for n in names for pat in patterns)
+
+
+HF_MODULE = "hf."   # where hf_model.HFCausalLM holds the transformers model
 
 
 def replace_module(model: nn.Module, name: str, new: nn.Module) -> None:

@@ -194,7 +194,8 @@ class TransformerEngine(Fp8Backend):
             self.modules[name] = new
         # Recompute blocks with TE's checkpoint, which re-enters FP8 with the saved scales
         # (torch's would recompute outside TE's autocast, in high precision).
-        model.checkpoint_fn = lambda block, x: te.checkpoint(block, x, use_reentrant=False)
+        model.checkpoint_fn = lambda block, *args: te.checkpoint(block, *args,
+                                                                 use_reentrant=False)
         self.recorder = scale_probe(self.modules, self.spec, self.recipe)
         return model
 

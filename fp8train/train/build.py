@@ -24,7 +24,7 @@ from ..checkpoint.manager import CheckpointManager
 from ..checkpoint.resume import check_config_change, choose_checkpoint, warn_schedule_change
 from ..checkpoint.saved_config import config_hash, saved_derived
 from ..checkpoint.train_state import TrainState
-from ..compile import compile_model
+from ..compile import compile_model, inner_model
 from ..config.load import Config, dump_yaml, section, to_dict
 from ..data.loader import load_splits
 from ..data.tokenizers import build_tokenizer
@@ -35,7 +35,7 @@ from ..evaluate.evaluator import missed as missed_eval
 from ..evaluate.hellaswag import HellaSwag
 from ..evaluate.samples import TextSampler
 from ..io import writable_dir
-from ..hf_model import model_config
+from ..hf_model import fresh_weights, model_config
 from ..observe.logger import Logger
 from ..observe.metrics import Meter, WallClock, device_name, peak_note
 from ..observe.profiling import StepProfiler
@@ -154,8 +154,8 @@ def build(cfg: Config, state, log: Logger, requests: StopRequests) -> Optional[R
             f"{len(splits.train):,} train / {len(splits.val):,} val tokens")
     check_batch_fits(cfg, written.effective if written else cfg.target_effective_batch_size,
                      len(splits.train))
-    mcfg = model_config(cfg, splits.vocab_size)
     saved = saved_derived(checkpoint) if checkpoint else {}
+    mcfg = model_config(cfg, splits.vocab_size, saved=saved)
     prec, run_plan = decide(cfg, prec, acc, mcfg, splits.train, written, saved, run_dir, log)
     batch, plan = run_plan.batch, run_plan.batch.plan
     acc.gradient_accumulation_steps = plan.accum
@@ -308,7 +308,8 @@ def _accelerator(cfg: Config, state, run_dir: str, log: Logger):
 def _net(cfg: Config, mcfg, prec: Precision, acc, batch: BatchDecision, saved: dict,
          log: Logger) -> "tuple[Net, int, float]":
     """The model (FP8 layers converted, prepared, compiled) and its optimizer."""
-    model = new_model(mcfg, batch.activation_checkpointing)
+    # Resuming: the checkpoint's weights replace the model's, so an hf: model's own are not read.
+    model = new_model(fresh_weights(mcfg) if saved else mcfg, batch.activation_checkpointing)
     if hasattr(model, "check_logits"):   # an hf: model: our output layer is its own
         model.check_logits()
         if model.attention != "sdpa":
@@ -332,6 +333,10 @@ def _net(cfg: Config, mcfg, prec: Precision, acc, batch: BatchDecision, saved: d
     if saved and prec.fp8:
         prec.resume_layers(saved)
     model = prec.convert(model.to(acc.device))
+    if not getattr(model, "ties_kept", lambda: True)():
+        raise BadInput(f"{cfg.where('fp8_exclude')}: model '{cfg.model}' ties its output layer "
+                       f"to its embedding, and {prec.name} would make the output layer a layer "
+                       f"of its own in FP8: keep lm_head in fp8_exclude")
     for line in prec.conversion():
         log.msg(line)
     for caution in prec.cautions():
@@ -346,6 +351,12 @@ def _net(cfg: Config, mcfg, prec: Precision, acc, batch: BatchDecision, saved: d
     prepared, (model, how) = model, compile_model(model, section(cfg, "model"),
                                                   prec.eager_under_compile)
     log.msg(how)
+    kinds = getattr(inner_model(model), "layer_kinds", [])
+    if len(kinds) > 1 and how.startswith("compile: per block"):
+        log.warn(f"model '{cfg.model}' alternates {len(kinds)} kinds of decoder layer "
+                 f"({', '.join(kinds)}): per-block compile traces a graph for each, and past "
+                 f"torch's limit of 8 graphs the layers run eagerly; compile_scope: model "
+                 f"compiles the whole model as one graph")
     health = Health(acc.device, cfg.loss_spike_factor)
     max_norm = cfg.grad_clip if cfg.grad_clip > 0 else float("inf")
     net = Net(model, optimizer, prec, health, section(cfg, "loss"), max_norm,
@@ -404,7 +415,9 @@ def _derived(prec: Precision, acc, feed: Feed, mcfg, n_params: int, flops_per_to
                 **prec.derived(), device=device_name(device),
                 n_params=n_params, vocab_size=mcfg.vocab_size,
                 padded_vocab_size=mcfg.padded_vocab_size, flops_per_token=flops_per_token,
-                mfu_peak=peak)
+                mfu_peak=peak,
+                # an hf: model's config.json as read: its checkpoints rebuild it from this
+                **({"hf_config": mcfg.hf_config} if hasattr(mcfg, "hf_config") else {}))
 
 
 def _evaluator(cfg: Config, acc, prec: Precision, val_tokens, micro: int, mcfg,

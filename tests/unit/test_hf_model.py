@@ -2,6 +2,7 @@
 
 Tiny models of three families (Llama, Qwen3, Gemma), written to local directories by
 support/hf_models.py: real transformers classes, offline."""
+import dataclasses
 import math
 
 import pytest
@@ -202,3 +203,74 @@ def test_conv1d_projections_are_named(dirs):
     model = build(dirs["gpt2"])
     assert model.not_linear()[:2] == ["0.attn.c_attn (Conv1D)", "0.attn.c_proj (Conv1D)"]
     assert build(dirs["llama"]).not_linear() == []
+
+
+def test_multimodal_and_mixture_of_experts_models_are_refused(tmp_path):
+    import transformers
+    transformers.Gemma3Config(text_config=dict(vocab_size=VOCAB, hidden_size=64,
+                                               intermediate_size=128, num_hidden_layers=2,
+                                               num_attention_heads=4, num_key_value_heads=2,
+                                               head_dim=16)).save_pretrained(tmp_path / "mm")
+    with pytest.raises(BadInput, match="multimodal gemma3 model; .* text-only"):
+        hf_model_config(str(tmp_path / "mm"), "scratch", 64)
+    transformers.Qwen3MoeConfig(vocab_size=VOCAB, hidden_size=64, num_hidden_layers=2,
+                                num_attention_heads=4, num_key_value_heads=2,
+                                num_experts=4).save_pretrained(tmp_path / "moe")
+    with pytest.raises(BadInput, match="mixture-of-experts model .num_experts 4"):
+        hf_model_config(str(tmp_path / "moe"), "scratch", 64)
+
+
+def test_a_model_without_sdpa_loads_its_weights_with_its_own_attention(tmp_path):
+    """Gemma 2 has no SDPA attention: the choice is made on the meta device, then its weights
+    load once, with transformers' eager attention."""
+    import transformers
+    config = transformers.Gemma2Config(vocab_size=VOCAB, hidden_size=64, intermediate_size=128,
+                                       num_hidden_layers=2, num_attention_heads=4,
+                                       num_key_value_heads=2, head_dim=16,
+                                       max_position_embeddings=128)
+    torch.manual_seed(1)
+    transformers.AutoModelForCausalLM.from_config(config).save_pretrained(tmp_path)
+    model = hf_model_config(str(tmp_path), "pretrained", 64).build()
+    assert model.attention == "eager"
+    assert model.layer_kinds == ["full_attention", "sliding_attention"]
+    assert model.check_logits() < 1e-5
+
+
+def test_a_recorded_config_rebuilds_the_model_without_its_source(tmp_path):
+    """What a run records (derived.hf_config) is enough: the directory may be gone."""
+    import shutil
+    d = write_model(str(tmp_path / "m"), "qwen3")
+    first = hf_model_config(d, "scratch", 64)
+    shutil.rmtree(d)
+    again = model_config(Config(model=f"hf:{d}", seq_len=64), 256,
+                         saved={"hf_config": first.hf_config})
+    assert again == dataclasses.replace(first, vocab_size=256)
+    assert again.transformers_config().to_dict() == first.transformers_config().to_dict()
+
+
+def test_compile_block_compiles_each_layers_forward_inside_the_checkpointing(dirs):
+    """compile.py's per-block compile of an hf: model: one compiled forward for every decoder
+    layer, called by the layer's own forward, so the recompute stays outside the graph."""
+    model = build(dirs["llama"])
+    for block in model.blocks:
+        model.compile_block(block, None)
+    bodies = {id(b.fp8train_body) for b in model.blocks}
+    assert len(bodies) == 1 and model.blocks[0].fp8train_body is not None
+
+
+def test_a_tied_output_layer_cut_from_its_embedding_is_seen(dirs):
+    model = build(dirs["qwen3"])
+    assert model.ties_kept()
+    head = model.hf.get_output_embeddings()
+    head.weight = torch.nn.Parameter(head.weight.detach().clone())
+    assert not model.ties_kept()
+    assert build(dirs["llama"]).ties_kept()   # nothing tied, nothing to keep
+
+
+def test_fp8_exclude_names_an_hf_models_layers_by_their_transformers_names():
+    from fp8train.precision.layers import excluded
+    assert excluded("hf.lm_head", ["lm_head"]) and excluded("lm_head", ["lm_head"])
+    assert excluded("hf.model.layers.0.mlp.down_proj", ["model.layers.0.*"])
+    # A preset's names are matched whole, as before: no pattern reaches inside a name.
+    assert not excluded("blocks.0.attn.proj", ["proj"])
+    assert not excluded("blocks.0.attn.proj", ["attn.proj"])
