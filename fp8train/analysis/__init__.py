@@ -8,6 +8,8 @@ imported here: importing one module loads only the modules it uses.
                      (scripts/compare_runs.py).
 - bench.py           training speed: preset × precision × compile, each a real run
                      (scripts/bench.py).
+- loss_bench.py      the output layer's loss, plain against chunked: time and memory
+                     (scripts/bench_loss.py).
 - race.py            the README demo against nanoGPT's CPU recipe, loss against wall time
                      (scripts/race_nanogpt.py).
 """
