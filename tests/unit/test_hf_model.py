@@ -274,3 +274,26 @@ def test_fp8_exclude_names_an_hf_models_layers_by_their_transformers_names():
     # A preset's names are matched whole, as before: no pattern reaches inside a name.
     assert not excluded("blocks.0.attn.proj", ["proj"])
     assert not excluded("blocks.0.attn.proj", ["attn.proj"])
+
+
+def test_fp8_auto_weighs_the_recipes_on_an_hf_models_shapes(dirs, tmp_path):
+    """fp8_recipe auto over a Qwen3's decoder-layer shapes, built on the meta device as the run
+    builds them: each distinct shape timed for both native recipes (timings injected: emulated
+    FP8 on a CPU says nothing), the real numerics check run on each, the fastest sound one
+    chosen."""
+    from unit.test_fp8_choose import FakeTimer, Log
+    with torch.device("meta"):
+        shapes = hf_model_config(dirs["qwen3"], "scratch", 64).build()
+    config = Config(use_fp8=True, fp8_backend="native", fp8_recipe="auto", fp8_layers="all",
+                    output_dir=str(tmp_path))
+    prec = build_precision(config, CPU, warn=pytest.fail, run_dir=str(tmp_path))
+    prec.set_tokens(4 * 64)
+    from fp8train.precision.choose import choose
+    timer, log = FakeTimer(), Log()
+    chosen = choose(prec, shapes, None, log.lines.append, log.warnings.append, device=CPU,
+                    timer=timer)
+    assert (chosen.spec.recipe, chosen.spec.decided) == ("current", "chosen"), "\n".join(log.lines + log.warnings)
+    timed = {shape for key, shape in timer.timed if key not in ("base", "forget")}
+    # q/o (64 -> 64), k/v (64 -> 32), gate/up (64 -> 128), down (128 -> 64); not the head
+    assert timed == {(64, 64, False), (64, 32, False), (64, 128, False), (128, 64, False)}
+    assert "fp8 auto: native current chosen" in log.lines
