@@ -117,8 +117,8 @@ def test_qwen3_compiled_per_decoder_layer_with_checkpointing(tmp_path, models):
 
 
 def test_gemma_exports_with_its_tokenizer_and_continues_from_the_export(tmp_path, models):
-    """Trained in native FP8 (the output layer left out) with Muon, the loss-gap check and
-    fp8_until's hand-over, the loss falls. The export is the
+    """Trained in native FP8 (the output layer left out) with Muon, the loss-gap check,
+    fp8_until's hand-over and the micro-batch discovered, the loss falls. The export is the
     transformers model as save_pretrained writes it (tokenizer included,
     loadable by AutoModelForCausalLM); `model: hf:<export> init_from: pretrained` starts from
     those weights: its first evaluation equals the exported run's last."""
@@ -127,8 +127,14 @@ def test_gemma_exports_with_its_tokenizer_and_continues_from_the_export(tmp_path
     first, exported, cont = tmp_path / "first", tmp_path / "export", tmp_path / "continued"
     r = run_train(*hf_args(first, models["gemma"], use_fp8="true", fp8_backend="native",
                            optimizer="muon", fp8_check_interval=2, fp8_until=0.75,
-                           max_steps=8, eval_interval=8))
+                           max_steps=8, eval_interval=8, eval_samples=1, sample_tokens=8,
+                           auto_batch_size="true", target_effective_batch_size=8,
+                           max_batch_size=4, gradient_accumulation_steps="null",
+                           batch_timing_budget_s=0))
     assert r.returncode == 0, r.stderr[-3000:]
+    assert "batch discovery: probing" in r.stdout
+    assert "batch plan: micro 4 × accum 2 × 1 device = 8 sequences" in r.stdout
+    assert len(rows(first, "val/loss")) == 1 and "sample: " in r.stdout
     assert "FP8: converted 14/15 linear layers" in r.stdout
     assert "hf.lm_head (excluded by fp8_exclude)" in r.stdout
     assert "optimizer: Muon" in r.stdout   # the decoder layers' 14 matrices
