@@ -42,6 +42,9 @@ IGNORE_INDEX = -100
 # whole micro-batch's (8 x 2048 tokens x 128K vocabulary is 8 GiB in fp32), large enough that
 # each chunk's GEMM still fills the machine.
 CHUNK_LOGITS = 2 ** 26
+# The torch.library namespace of this module's two operators (torch names an operator
+# "namespace::name"; the package's name keeps them apart from any other library's).
+OPS = "fp8train"
 
 
 def default_chunk_tokens(vocab_size: int) -> int:
@@ -124,7 +127,7 @@ def _scored_targets(targets: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
     return scored, torch.where(scored, targets, 0).unsqueeze(1)
 
 
-@torch.library.custom_op("fp8train::chunked_lm_loss_sums", mutates_args=())
+@torch.library.custom_op(f"{OPS}::chunked_lm_loss_sums", mutates_args=())
 def _loss_sums(hidden: torch.Tensor, weight: torch.Tensor, targets: torch.Tensor,
                penalty_type: str, softcap: Optional[float], rows: int
                ) -> tuple[torch.Tensor, torch.Tensor]:
@@ -155,7 +158,7 @@ def _(hidden, weight, targets, penalty_type, softcap, rows):
             hidden.new_empty((), dtype=torch.float32))
 
 
-@torch.library.custom_op("fp8train::chunked_lm_loss_grads", mutates_args=())
+@torch.library.custom_op(f"{OPS}::chunked_lm_loss_grads", mutates_args=())
 def _loss_grads(hidden: torch.Tensor, weight: torch.Tensor, targets: torch.Tensor,
                 grad_ce: torch.Tensor, grad_penalty: torch.Tensor, penalty_type: str,
                 softcap: Optional[float], rows: int) -> tuple[torch.Tensor, torch.Tensor]:
